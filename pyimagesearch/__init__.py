@@ -1,0 +1,14 @@
+"""Companion package for "Fast Neural Network Training with Distributed
+Training and Google TPUs": config, data pipeline, model, loss, strategies and
+the training routine that train_cpu.py, train_gpu.py and train_tpu.py share.
+
+Importing the package registers `AutoEncoder` and `MSELoss` with Keras, so a
+saved `outputs/cpu.keras` loads back with `keras.saving.load_model`.
+"""
+from pyimagesearch.quiet import native_stderr_quiet
+
+with native_stderr_quiet():
+    import tensorflow  # noqa: F401  (its C++ start-up notices are not for readers)
+
+from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402,F401  (registers it)
+from pyimagesearch.loss import MSELoss  # noqa: E402,F401  (registers it)

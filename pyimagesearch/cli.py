@@ -1,0 +1,123 @@
+"""Command-line flags shared by the three training scripts, and their error exit.
+
+Every flag defaults to the value in config.py. A wrong value ends the run
+with one line on stderr and exit status 2, before anything is trained or
+written.
+"""
+import argparse
+import functools
+import os
+import sys
+
+from pyimagesearch import config
+from pyimagesearch.data import SOURCES
+from pyimagesearch.errors import UserError
+
+EXIT_USER_ERROR = 2
+OPTIMIZERS = ("adam", "sgd")
+LOOPS = ("fit", "custom")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is reported in one line instead of usage + error."""
+
+    def error(self, message):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind, minimum, text):
+    """Parse `text` as `kind` and require it to be >= `minimum`."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+    if not value >= minimum:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+    return value
+
+
+positive_int = functools.partial(_number, int, 1)
+non_negative_int = functools.partial(_number, int, 0)
+positive_int.__name__ = "positive integer"
+non_negative_int.__name__ = "non-negative integer"
+
+
+def positive_float(text):
+    """A float > 0."""
+    value = _number(float, 0.0, text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def build_parser(device, description):
+    """The flags of train_<device>.py; `device` is cpu, gpu or tpu."""
+    parser = _OneLineParser(
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    on_tpu = device == "tpu"
+    parser.add_argument("--epochs", type=positive_int, default=config.EPOCHS,
+                        help="training epochs (default %(default)s)")
+    parser.add_argument(
+        "--batch-size", type=positive_int,
+        default=config.TPU_BATCH_SIZE if on_tpu else config.BATCH_SIZE,
+        help=("global batch, split evenly across the TPU cores" if on_tpu else
+              "batch per replica; the global batch is this times the replica count")
+        + " (default %(default)s)")
+    parser.add_argument(
+        "--steps-per-epoch", type=positive_int, default=None,
+        help=f"training steps per epoch (default: {config.TRAIN_IMAGES:,} images "
+             "divided by the global batch; more steps fight the large-batch blur)")
+    parser.add_argument("--data-source", choices=SOURCES, default="auto",
+                        help="where MNIST comes from (default %(default)s: tfds if "
+                             "prepared or downloadable, else the 5,000-digit sample)")
+    parser.add_argument("--data-dir", default=None,
+                        help="tensorflow_datasets data dir (default: $TFDS_DATA_DIR, "
+                             "else tfds' own default)")
+    parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
+                        help="where the figure, run record and model go "
+                             "(default %(default)s)")
+    parser.add_argument("--seed", type=non_negative_int, default=config.SEED,
+                        help="random seed (default %(default)s)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=config.OPTIMIZER,
+                        help="optimizer (default %(default)s)")
+    parser.add_argument("--learning-rate", type=positive_float,
+                        default=config.LEARNING_RATE,
+                        help="learning rate (default %(default)s)")
+    if device in ("gpu", "tpu"):
+        parser.add_argument(
+            "--rehearse", type=positive_int, default=None, metavar="N",
+            help="split the CPU into N logical devices and run this very "
+                 "configuration on them, no accelerator needed")
+    if on_tpu:
+        parser.add_argument("--tpu", default=None,
+                            help="TPU name or grpc:// address (default: found from "
+                                 "the environment: Colab, Kaggle or a TPU VM)")
+    return parser
+
+
+def check_output_dir(path):
+    """Create `path` if needed and prove it is writable, before any training."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise UserError(f"cannot write to output folder {path}: "
+                        f"{error.strerror or error}") from error
+
+
+def run_main(main, argv=None):
+    """Call main(argv); a UserError becomes one stderr line and exit status 2."""
+    try:
+        main(argv)
+    except UserError as error:
+        prog = os.path.basename(sys.argv[0]) or "train"
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        print("interrupted; earlier outputs are untouched", file=sys.stderr)
+        sys.exit(130)

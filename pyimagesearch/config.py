@@ -1,0 +1,37 @@
+"""Training configuration: the article's names, one constant per line.
+
+Every value here is a default; the training scripts let a flag override it.
+Values derived from others (steps per epoch) are computed from them so that
+changing one constant cannot leave another stale.
+"""
+import os
+
+# --- data -----------------------------------------------------------------
+DATA_NAME = "mnist"          # tensorflow_datasets name of the dataset
+TRAIN_FLAG = "train"         # split used for training
+VALIDATION_FLAG = "test"     # split used for validation (MNIST has no 'validation')
+SHUFFLE_SIZE = 1024          # shuffle buffer, in images
+TRAIN_IMAGES = 60_000        # images in one epoch: MNIST's training split
+VALIDATION_IMAGES = 10_000   # images in MNIST's test split
+SAMPLE_VALIDATION_FRACTION = 0.1  # of the 5,000-digit sample held out, per class
+
+# --- batches and steps ------------------------------------------------------
+BATCH_SIZE = 128             # images per replica on CPU and GPU
+TPU_BATCH_SIZE = 1024        # global batch on TPU (128 per core on 8 cores)
+EPOCHS = 5                   # passes over TRAIN_IMAGES
+# a TPU step needs a full, evenly split batch, so TPU epochs are a fixed
+# number of steps over a repeated dataset
+TPU_STEPS_PER_EPOCH = TRAIN_IMAGES // TPU_BATCH_SIZE          # 58
+TPU_VALIDATION_STEPS = VALIDATION_IMAGES // TPU_BATCH_SIZE    # 9
+
+# --- optimisation -----------------------------------------------------------
+OPTIMIZER = "adam"           # Keras optimizer name, as in the article
+LEARNING_RATE = 1e-3         # Keras' default for Adam, so the article's value
+SEED = 42                    # the article's tf.random.set_seed(42)
+
+# --- outputs ----------------------------------------------------------------
+BASE_IMG_PATH = "outputs"                                # figures, run records, models
+CPU_IMG_PATH = os.path.join(BASE_IMG_PATH, "cpu.png")    # written by train_cpu.py
+GPU_IMG_PATH = os.path.join(BASE_IMG_PATH, "gpu.png")    # written by train_gpu.py
+TPU_IMG_PATH = os.path.join(BASE_IMG_PATH, "tpu.png")    # written by train_tpu.py
+NUM_FIGURE_DIGITS = 8        # rows in the input-vs-reconstruction figure

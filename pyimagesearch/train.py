@@ -1,0 +1,195 @@
+"""The article's training listing, once, for train_cpu.py, train_gpu.py and train_tpu.py.
+
+The scripts differ in the strategy they build; `run` does the rest in the
+article's order: data, model and loss in the strategy's scope, fit, then the
+input-vs-reconstruction figure. It also writes a run record (JSON) and the
+trained model, and replaces earlier outputs only when all are written.
+"""
+import dataclasses
+import datetime
+import os
+import platform
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pyimagesearch import config
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.data import get_data, load_images, resolve_data_dir, resolve_source
+from pyimagesearch.errors import UserError
+from pyimagesearch.loss import MSELoss
+from pyimagesearch.outputs import StagedOutputs, reconstruction_figure, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The numbers one run trains with, derived from the flags and the strategy."""
+
+    device: str               # cpu, gpu or tpu: the configuration being run
+    name: str                 # stem of the output files
+    rehearsal: bool           # True when logical CPU devices stand in for the device
+    replicas: int             # strategy.num_replicas_in_sync
+    global_batch_size: int    # images per step, over all replicas
+    steps_per_epoch: int
+    fixed_validation: bool    # TPU style: repeated data, full batches, fixed steps
+
+
+def plan_run(device, args, replicas, rehearsal=False):
+    """Work out the global batch and steps for `device` on `replicas` replicas."""
+    if device == "tpu":
+        # the article's TPU batch is global: 1024 over 8 cores is 128 per core
+        global_batch = args.batch_size
+        if global_batch % replicas:
+            raise UserError(f"--batch-size {global_batch} does not split evenly "
+                            f"over {replicas} replicas")
+    else:
+        # CPU and GPU: the batch is per replica, the global batch grows with them
+        global_batch = args.batch_size * replicas
+    steps = args.steps_per_epoch or config.TRAIN_IMAGES // global_batch
+    if steps < 1:
+        raise UserError(f"a global batch of {global_batch} is larger than an epoch "
+                        f"of {config.TRAIN_IMAGES} images; lower --batch-size or "
+                        "set --steps-per-epoch")
+    name = f"{device}_rehearsal" if rehearsal else device
+    return RunPlan(device, name, rehearsal, replicas, global_batch, steps,
+                   fixed_validation=device == "tpu")
+
+
+def make_optimizer(name, learning_rate):
+    """A fresh Keras optimizer; create it inside the strategy's scope."""
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate=learning_rate)
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=learning_rate)
+    raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Wall time of each epoch, and of its training part alone (before validation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_seconds, self.train_seconds = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._train_end = None
+
+    def on_test_begin(self, logs=None):
+        if self._train_end is None:
+            self._train_end = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        end = time.perf_counter()
+        self.epoch_seconds.append(end - self._start)
+        self.train_seconds.append((self._train_end or end) - self._start)
+
+
+def _machine():
+    """A short description of the machine, for the run record."""
+    return {"platform": platform.platform(), "processor": platform.machine(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def run(args, strategy, device, rehearsal=False):
+    """Train the autoencoder under `strategy` and write figure, record and model."""
+    started = datetime.datetime.now(datetime.timezone.utc)
+    keras.utils.set_random_seed(args.seed)  # python, numpy and TensorFlow seeds
+
+    # how many replicas the strategy trains on decides the global batch
+    numAcc = strategy.num_replicas_in_sync
+    print(f"[INFO] number of accelerators: {numAcc}")
+    plan = plan_run(device, args, numAcc, rehearsal)
+    print(f"[INFO] global batch {plan.global_batch_size} "
+          f"({plan.global_batch_size // numAcc} per replica), "
+          f"{plan.steps_per_epoch} steps per epoch")
+
+    dataDir = resolve_data_dir(args.data_dir)
+    source = resolve_source(args.data_source, config.DATA_NAME, dataDir)
+    print(f"[INFO] data source: {source.name} ({source.reason})")
+    print("[INFO] loading the training and validation datasets...")
+    trainDs = get_data(config.DATA_NAME, config.TRAIN_FLAG,
+                       batchSize=plan.global_batch_size,
+                       shuffleSize=config.SHUFFLE_SIZE, source=source.name,
+                       dataDir=dataDir, repeat=True, dropRemainder=True,
+                       seed=args.seed)
+    valDs = get_data(config.DATA_NAME, config.VALIDATION_FLAG,
+                     batchSize=plan.global_batch_size, source=source.name,
+                     dataDir=dataDir, repeat=plan.fixed_validation,
+                     dropRemainder=plan.fixed_validation)
+    valImages = load_images(config.DATA_NAME, config.VALIDATION_FLAG,
+                            source.name, dataDir)
+    validationSteps = None
+    if plan.fixed_validation:
+        validationSteps = max(1, len(valImages) // plan.global_batch_size)
+
+    timer = EpochTimer()
+    with strategy.scope():
+        # model, loss and optimizer must be created inside the scope so that
+        # their variables are mirrored on every replica
+        print("[INFO] initializing the model...")
+        model = AutoEncoder()
+        # divide by the replica count: Keras sums the replicas' gradients
+        mseLoss = MSELoss(scale=numAcc)
+        model.compile(loss=mseLoss,
+                      optimizer=make_optimizer(args.optimizer, args.learning_rate))
+        print("[INFO] training the autoencoder...")
+        history = model.fit(trainDs, epochs=args.epochs,
+                            steps_per_epoch=plan.steps_per_epoch,
+                            validation_data=valDs, validation_steps=validationSteps,
+                            callbacks=[timer], shuffle=False, verbose=1)
+
+    # the same validation digits on every device: evenly spaced through the
+    # unshuffled split (the sample's split is ordered by class)
+    print("[INFO] evaluating the model...")
+    picks = np.linspace(0, len(valImages) - 1, config.NUM_FIGURE_DIGITS).astype(int)
+    testIm = valImages[picks].astype(np.float32) / 255.0
+    predIm = model.predict(tf.data.Dataset.from_tensors(testIm), verbose=0)
+
+    record = {
+        "device": plan.device,
+        "name": plan.name,
+        "rehearsal": plan.rehearsal,
+        "strategy": type(strategy).__name__,
+        "replicas": numAcc,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.global_batch_size // numAcc,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "validation_steps": validationSteps,
+        "epochs": args.epochs,
+        "optimizer": args.optimizer,
+        "learning_rate": args.learning_rate,
+        "seed": args.seed,
+        "data_source": source.name,
+        "data_source_reason": source.reason,
+        "train_images": int(len(load_images(config.DATA_NAME, config.TRAIN_FLAG,
+                                            source.name, dataDir))),
+        "validation_images": int(len(valImages)),
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "epoch_seconds": timer.epoch_seconds,
+        "train_seconds": timer.train_seconds,
+        "images_per_second": [plan.steps_per_epoch * plan.global_batch_size / s
+                              for s in timer.train_seconds],
+        "loss": [float(v) for v in history.history["loss"]],
+        "val_loss": [float(v) for v in history.history["val_loss"]],
+        "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
+        "machine": _machine(),
+        "started_at": started.isoformat(timespec="seconds"),
+    }
+
+    # write everything to temporary files first; replace the old outputs only
+    # when all three are written, so a failure leaves the old ones intact
+    print("[INFO] saving the predicted images, run record and model...")
+    title = f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}"
+    with StagedOutputs(args.output_dir) as staged:
+        figure = reconstruction_figure(testIm, predIm, title=title)
+        figure.savefig(staged.path(f"{plan.name}.png"), format="png", dpi=80)
+        write_json(staged.path(f"{plan.name}.json"), record)
+        model.save(staged.path(f"{plan.name}.keras"))
+    for suffix in ("png", "json", "keras"):
+        print(f"[INFO] wrote {os.path.join(args.output_dir, plan.name)}.{suffix}")
+    return record

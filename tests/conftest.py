@@ -1,0 +1,32 @@
+"""Test session set-up: four logical CPU devices, quiet TensorFlow, repo on sys.path.
+
+TensorFlow fixes its devices when its runtime starts, so the split of the
+CPU into logical devices (used by the distribution tests) happens here,
+before any test runs an op. Single-device code still runs on /cpu:0.
+"""
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+LOGICAL_CPUS = 4
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+tf.config.set_visible_devices([], "GPU")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~20 s; run in CI")
+
+
+@pytest.fixture
+def repo():
+    """The repository root, for running the scripts as a reader would."""
+    return REPO

@@ -1,0 +1,111 @@
+"""get_data through the real tfds.load path (mocked data), the sample, and `auto`."""
+import gzip
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from pyimagesearch import config, data
+from pyimagesearch.errors import UserError
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    data.load_images.cache_clear()
+    data._sample_splits.cache_clear()
+    yield
+    data.load_images.cache_clear()
+    data._sample_splits.cache_clear()
+
+
+def test_get_data_through_tfds_load(tmp_path):
+    with tfds.testing.mock_data(num_examples=40):
+        ds = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=16,
+                           shuffleSize=64, source="tfds", dataDir=str(tmp_path))
+        batches = list(ds)
+    assert [len(x) for x, _ in batches] == [16, 16, 8]
+    images, targets = batches[0]
+    assert images.shape == (16, 28, 28, 1) and images.dtype == "float32"
+    np.testing.assert_array_equal(images, targets)  # input is its own target
+    assert 0.0 <= float(np.min(images)) and float(np.max(images)) <= 1.0
+
+
+def test_sample_split_is_stratified_deterministic_and_disjoint():
+    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
+    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    assert train.shape == (4500, 28, 28, 1) and val.shape == (500, 28, 28, 1)
+    assert train.dtype == np.uint8 and val.max() > 200  # real pixel values
+    train_rows = {row.tobytes() for row in train}
+    assert not any(row.tobytes() in train_rows for row in val)
+    data._sample_splits.cache_clear()
+    np.testing.assert_array_equal(
+        data._sample_splits()[config.VALIDATION_FLAG], val)
+
+
+def test_sample_validation_holds_every_digit_in_proportion():
+    path = data.sample_path()
+    with gzip.open(path, "rt") as handle:
+        labels = np.loadtxt(handle, delimiter=",", usecols=[784], dtype=int)
+    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    with gzip.open(path, "rt") as handle:
+        pixels = np.loadtxt(handle, delimiter=",", usecols=range(784), dtype=np.uint8)
+    index = {row.tobytes(): label for row, label in zip(pixels, labels)}
+    val_labels = np.array([index[row.reshape(-1).tobytes()] for row in val])
+    counts = np.bincount(val_labels, minlength=10)
+    expected = np.round(np.bincount(labels, minlength=10) * 0.1)
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_training_pipeline_shuffles_repeats_and_keeps_full_batches():
+    kwargs = dict(dataName=config.DATA_NAME, split=config.TRAIN_FLAG, batchSize=1000,
+                  source="sample", repeat=True, dropRemainder=True)
+    shuffled = data.get_data(shuffleSize=4500, seed=3, **kwargs)
+    ordered = data.get_data(**kwargs)
+    first = [x.numpy() for x, _ in shuffled.take(6)]  # 6,000 > 4,500: repeats
+    assert all(batch.shape[0] == 1000 for batch in first)
+    plain = next(iter(ordered))[0].numpy()
+    assert not np.array_equal(first[0], plain)
+
+
+def test_validation_pipeline_keeps_order():
+    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    ds = data.get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=128,
+                       source="sample")
+    first = next(iter(ds))[0].numpy()
+    np.testing.assert_allclose(first, val[:128] / 255.0, atol=1e-7)
+    assert sum(len(x) for x, _ in ds) == 500
+
+
+def test_auto_offline_picks_the_sample_without_calling_tfds_load(tmp_path, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("tfds.load must not run when offline and unprepared")
+
+    monkeypatch.setattr(tfds, "load", no_load)
+    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
+    source = data.resolve_source("auto", config.DATA_NAME, str(tmp_path))
+    assert source.name == "sample"
+    assert "did not answer" in source.reason
+
+
+def test_tfds_source_offline_and_unprepared_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
+    with pytest.raises(UserError, match="--data-source sample"):
+        data.resolve_source("tfds", config.DATA_NAME, str(tmp_path))
+
+
+def test_network_probe_reports_a_closed_port_as_unreachable():
+    # port 9 on loopback: nothing listens there, the connection is refused
+    assert data.network_reachable(("127.0.0.1", 9), timeout=1.0) is False
+
+
+def test_missing_data_dir_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        data.resolve_data_dir(str(tmp_path / "nope"))
+
+
+def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):
+    broken = tmp_path / "mnist_5k.csv.gz"
+    broken.write_bytes(b"\x1f\x8b\x08 this is not gzip")
+    monkeypatch.setattr(data, "sample_path", lambda: str(broken))
+    with pytest.raises(UserError, match="cannot read the MNIST sample"):
+        data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")

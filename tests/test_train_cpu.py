@@ -1,0 +1,115 @@
+"""train_cpu.py end to end on a tiny run, and what it does with bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+from pyimagesearch import data, outputs
+
+TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
+        "--data-source", "sample"]
+RECORD_KEYS = {"device", "strategy", "replicas", "global_batch_size",
+               "steps_per_epoch", "epochs", "data_source", "tensorflow_version",
+               "epoch_seconds", "images_per_second", "loss", "val_loss"}
+
+
+def _run_script(repo, *args):
+    """Run a training script as a reader would; return the finished process."""
+    return subprocess.run([sys.executable, *args], cwd=repo, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_tiny_run_writes_figure_record_and_loadable_model(tmp_path):
+    train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
+    assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads((tmp_path / "cpu.json").read_text())
+    assert RECORD_KEYS <= record.keys()
+    assert record["device"] == "cpu" and record["replicas"] == 1
+    assert record["global_batch_size"] == 32 and record["steps_per_epoch"] == 3
+    assert record["data_source"] == "sample" and record["rehearsal"] is False
+    assert len(record["loss"]) == len(record["val_loss"]) == 2
+    assert len(record["epoch_seconds"]) == len(record["images_per_second"]) == 2
+    model = keras.saving.load_model(tmp_path / "cpu.keras")
+    assert model.predict(np.zeros((1, 28, 28, 1), "float32"), verbose=0).shape == (1, 28, 28, 1)
+    leftovers = [name for name in os.listdir(tmp_path) if name.startswith(".")]
+    assert leftovers == []
+
+
+def test_default_epoch_keeps_the_article_length():
+    from pyimagesearch.train import plan_run
+
+    args = train_cpu.cli.build_parser("cpu", "").parse_args([])
+    plan = plan_run("cpu", args, replicas=1)
+    assert (plan.global_batch_size, plan.steps_per_epoch) == (128, 468)
+
+
+def test_failure_while_saving_leaves_earlier_outputs_untouched(tmp_path, monkeypatch):
+    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+        (tmp_path / name).write_text(f"earlier {name}")
+
+    def broken_save(self, path, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(keras.Model, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
+    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+        assert (tmp_path / name).read_text() == f"earlier {name}"
+    assert sorted(os.listdir(tmp_path)) == ["cpu.json", "cpu.keras", "cpu.png"]
+
+
+def test_staged_outputs_replace_only_on_success(tmp_path):
+    (tmp_path / "a.json").write_text("old")
+    with outputs.StagedOutputs(str(tmp_path)) as staged:
+        outputs.write_json(staged.path("a.json"), {"new": 1})
+        assert (tmp_path / "a.json").read_text() == "old"  # not yet
+    assert json.loads((tmp_path / "a.json").read_text()) == {"new": 1}
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--epochs", "0"], "--epochs: must be at least 1"),
+    (["--batch-size", "-3"], "--batch-size: must be at least 1"),
+    (["--epochs", "abc"], "--epochs: expected an integer"),
+    (["--learning-rate", "0"], "--learning-rate: must be greater than 0"),
+    (["--data-source", "floppy"], "--data-source: invalid choice"),
+])
+def test_bad_flags_give_one_line_and_exit_2(repo, tmp_path, flags, complaint):
+    (tmp_path / "cpu.png").write_text("earlier")
+    result = _run_script(repo, "train_cpu.py", *flags, "--output-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and complaint in lines[0], result.stderr
+    assert (tmp_path / "cpu.png").read_text() == "earlier"
+
+
+def test_unwritable_output_folder_gives_one_line(repo, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = _run_script(repo, "train_cpu.py", "--output-dir", str(blocker / "out"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write to output folder" in lines[0], result.stderr
+
+
+def test_missing_data_dir_gives_one_line(repo, tmp_path):
+    result = _run_script(repo, "train_cpu.py", "--data-dir", str(tmp_path / "none"),
+                         "--output-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(data.network_reachable(), reason="needs a machine without network")
+def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
+    result = _run_script(repo, "train_cpu.py", "--data-source", "tfds",
+                         "--data-dir", str(tmp_path), "--output-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--data-source sample" in lines[0], result.stderr
+    assert not (tmp_path / "cpu.png").exists()
