@@ -24,6 +24,12 @@ EPOCHS = 5                   # passes over TRAIN_IMAGES
 TPU_STEPS_PER_EPOCH = TRAIN_IMAGES // TPU_BATCH_SIZE          # 58
 TPU_VALIDATION_STEPS = VALIDATION_IMAGES // TPU_BATCH_SIZE    # 9
 
+# steps run per call into the compiled train function: fewer round trips
+# from Python, which matters for a model this small (and for TPUs). The
+# largest divisor of the epoch's steps up to this value is used, since Keras
+# would otherwise run past the end of the epoch.
+STEPS_PER_EXECUTION = 16
+
 # --- optimisation -----------------------------------------------------------
 OPTIMIZER = "adam"           # Keras optimizer name, as in the article
 LEARNING_RATE = 1e-3         # Keras' default for Adam, so the article's value

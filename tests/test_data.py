@@ -109,3 +109,12 @@ def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "sample_path", lambda: str(broken))
     with pytest.raises(UserError, match="cannot read the MNIST sample"):
         data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
+
+
+def test_a_stand_in_dataset_is_labelled_as_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "tfds_prepared", lambda name, data_dir: True)
+    assert "stand-in" not in data.resolve_source("tfds", "mnist", str(tmp_path)).reason
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
+    source = data.resolve_source("auto", "mnist", str(tmp_path))
+    assert source.name == "tfds" and "stand-in" in source.reason

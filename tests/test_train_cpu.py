@@ -113,3 +113,10 @@ def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--data-source sample" in lines[0], result.stderr
     assert not (tmp_path / "cpu.png").exists()
+
+
+@pytest.mark.parametrize("steps, expected", [(468, 13), (58, 2), (1, 1), (64, 16), (7, 7)])
+def test_steps_per_execution_divides_the_epoch(steps, expected):
+    from pyimagesearch.train import steps_per_execution
+
+    assert steps_per_execution(steps, limit=16) == expected
