@@ -16,6 +16,7 @@ from pyimagesearch.errors import UserError
 EXIT_USER_ERROR = 2
 OPTIMIZERS = ("adam", "sgd")
 LOOPS = ("fit", "custom")
+LR_SCALINGS = ("none", "sqrt", "linear")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -85,6 +86,12 @@ def build_parser(device, description):
     parser.add_argument("--learning-rate", type=positive_float,
                         default=config.LEARNING_RATE,
                         help="learning rate (default %(default)s)")
+    parser.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none",
+                        help="scale the learning rate with the global batch over "
+                             f"{config.BATCH_SIZE} (default %(default)s)")
+    parser.add_argument("--loop", choices=LOOPS, default="fit",
+                        help="model.fit, or the explicit custom loop with "
+                             "tf.nn.compute_average_loss (default %(default)s)")
     if device in ("gpu", "tpu"):
         parser.add_argument(
             "--rehearse", type=positive_int, default=None, metavar="N",

@@ -61,7 +61,10 @@ def rehearsal_strategy(replicas):
     if len(devices) < replicas:
         raise UserError(f"cannot rehearse on {replicas} devices: TensorFlow already "
                         f"started with {len(devices)} CPU devices in this process")
-    return tf.distribute.MirroredStrategy(devices[:replicas])
+    # reduce through one device: collective all-reduce keys would clash
+    # between rehearsals of different sizes in one process (tests do that)
+    return tf.distribute.MirroredStrategy(
+        devices[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 def _tpu_resolver(tpu):

@@ -20,6 +20,7 @@ from pyimagesearch import config
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.data import get_data, load_images, resolve_data_dir, resolve_source
 from pyimagesearch.errors import UserError
+from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.outputs import StagedOutputs, reconstruction_figure, write_json
 
@@ -66,6 +67,24 @@ def steps_per_execution(steps, limit=config.STEPS_PER_EXECUTION):
     train extra steps (58 steps at 8 per execution train 64).
     """
     return max(n for n in range(1, min(limit, steps) + 1) if steps % n == 0)
+
+
+def scaled_learning_rate(learning_rate, scaling, global_batch_size,
+                         base_batch_size=config.BATCH_SIZE):
+    """Scale a learning rate tuned for `base_batch_size` to a larger global batch.
+
+    A batch k times larger gives k times fewer updates per epoch; "linear"
+    multiplies the rate by k, "sqrt" by the square root of k (gentler, often
+    the better match for Adam), "none" leaves it.
+    """
+    factor = global_batch_size / base_batch_size
+    if scaling == "linear":
+        return learning_rate * factor
+    if scaling == "sqrt":
+        return learning_rate * factor ** 0.5
+    if scaling == "none":
+        return learning_rate
+    raise UserError(f"unknown learning-rate scaling {scaling!r}")
 
 
 def make_optimizer(name, learning_rate):
@@ -136,6 +155,11 @@ def run(args, strategy, device, rehearsal=False):
     if plan.fixed_validation:
         validationSteps = max(1, len(valImages) // plan.global_batch_size)
 
+    learning_rate = scaled_learning_rate(args.learning_rate, args.lr_scaling,
+                                         plan.global_batch_size)
+    if args.lr_scaling != "none":
+        print(f"[INFO] learning rate {args.learning_rate:g} scaled ({args.lr_scaling}) "
+              f"for a global batch of {plan.global_batch_size}: {learning_rate:g}")
     timer = EpochTimer()
     with strategy.scope():
         # model, loss and optimizer must be created inside the scope so that
@@ -145,13 +169,20 @@ def run(args, strategy, device, rehearsal=False):
         # divide by the replica count: Keras sums the replicas' gradients
         mseLoss = MSELoss(scale=numAcc)
         model.compile(loss=mseLoss,
-                      optimizer=make_optimizer(args.optimizer, args.learning_rate),
+                      optimizer=make_optimizer(args.optimizer, learning_rate),
                       steps_per_execution=plan.steps_per_execution)
-        print("[INFO] training the autoencoder...")
-        history = model.fit(trainDs, epochs=args.epochs,
-                            steps_per_epoch=plan.steps_per_epoch,
-                            validation_data=valDs, validation_steps=validationSteps,
-                            callbacks=[timer], shuffle=False, verbose=1)
+        print(f"[INFO] training the autoencoder ({args.loop} loop)...")
+        if args.loop == "custom":
+            history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
+                                 plan.steps_per_epoch, plan.global_batch_size,
+                                 validationSteps, plan.steps_per_execution,
+                                 callbacks=[timer])
+        else:
+            history = model.fit(trainDs, epochs=args.epochs,
+                                steps_per_epoch=plan.steps_per_epoch,
+                                validation_data=valDs,
+                                validation_steps=validationSteps,
+                                callbacks=[timer], shuffle=False, verbose=1).history
 
     # the same validation digits on every device: evenly spaced through the
     # unshuffled split (the sample's split is ordered by class)
@@ -172,8 +203,10 @@ def run(args, strategy, device, rehearsal=False):
         "steps_per_execution": plan.steps_per_execution,
         "validation_steps": validationSteps,
         "epochs": args.epochs,
+        "loop": args.loop,
         "optimizer": args.optimizer,
-        "learning_rate": args.learning_rate,
+        "learning_rate": learning_rate,
+        "learning_rate_scaling": args.lr_scaling,
         "seed": args.seed,
         "data_source": source.name,
         "data_source_reason": source.reason,
@@ -186,8 +219,8 @@ def run(args, strategy, device, rehearsal=False):
         "train_seconds": timer.train_seconds,
         "images_per_second": [plan.steps_per_epoch * plan.global_batch_size / s
                               for s in timer.train_seconds],
-        "loss": [float(v) for v in history.history["loss"]],
-        "val_loss": [float(v) for v in history.history["val_loss"]],
+        "loss": [float(v) for v in history["loss"]],
+        "val_loss": [float(v) for v in history["val_loss"]],
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
         "machine": _machine(),
         "started_at": started.isoformat(timespec="seconds"),

@@ -1,0 +1,93 @@
+"""A custom training loop: the explicit form of what `model.fit` does under a strategy.
+
+`fit` hides two things the article's "Losses" section is about. Here they are
+in plain sight:
+
+- each replica computes a loss *per image* and averages it over the
+  **global** batch with `tf.nn.compute_average_loss(..., global_batch_size=...)`,
+  so that the replicas' gradients, which the optimizer sums, add up to the
+  gradient of the mean over the whole global batch;
+- `strategy.run` runs one step on every replica, `strategy.reduce` adds the
+  replicas' losses back up for the log.
+
+Selected with `--loop custom` on every training script; tests check that it
+gives the same weights as `fit` (tests/test_loss_scaling.py).
+"""
+import time
+
+import tensorflow as tf
+
+
+def per_image_mse(real, pred):
+    """Mean squared error of each image: shape (batch,)."""
+    return tf.reduce_mean(tf.square(real - pred), axis=[1, 2, 3])
+
+
+def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
+               global_batch_size, validation_steps=None, steps_per_execution=1,
+               callbacks=(), verbose=True):
+    """Train `model` (built and compiled in `strategy`'s scope); return fit-style history."""
+    optimizer = model.optimizer
+    with strategy.scope():
+        # create the optimizer's slots now, in cross-replica context, not
+        # lazily inside strategy.run where new variables are not allowed
+        optimizer.build(model.trainable_variables)
+
+    def train_step(images, targets):
+        with tf.GradientTape() as tape:
+            pred = model(images, training=True)
+            # sum over this replica's images divided by the GLOBAL batch
+            loss = tf.nn.compute_average_loss(
+                per_image_mse(targets, pred), global_batch_size=global_batch_size)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_steps(iterator, count):
+        total = tf.constant(0.0)
+        for _ in tf.range(count):
+            per_replica = strategy.run(train_step, args=next(iterator))
+            # each replica holds its share of the global mean: add them up
+            total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return total
+
+    def val_step(images, targets):
+        errors = per_image_mse(targets, model(images, training=False))
+        return tf.reduce_sum(errors), tf.cast(tf.size(errors), tf.float32)
+
+    @tf.function
+    def val_batch(batch):
+        sums, counts = strategy.run(val_step, args=batch)
+        return (strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, counts, axis=None))
+
+    train_iterator = iter(strategy.experimental_distribute_dataset(trainDs))
+    history = {"loss": [], "val_loss": []}
+    for epoch in range(epochs):
+        for callback in callbacks:
+            callback.on_epoch_begin(epoch)
+        start = time.perf_counter()
+        total = 0.0
+        for _ in range(steps_per_epoch // steps_per_execution):
+            total += float(train_steps(train_iterator, tf.constant(steps_per_execution)))
+        history["loss"].append(total / steps_per_epoch)
+
+        for callback in callbacks:
+            callback.on_test_begin()
+        error_sum, count = 0.0, 0.0
+        val_batches = strategy.experimental_distribute_dataset(valDs)
+        for index, batch in enumerate(val_batches):
+            if validation_steps is not None and index >= validation_steps:
+                break
+            batch_sum, batch_count = val_batch(batch)
+            error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
+        history["val_loss"].append(error_sum / max(count, 1.0))
+
+        for callback in callbacks:
+            callback.on_epoch_end(epoch)
+        if verbose:
+            print(f"Epoch {epoch + 1}/{epochs} - {steps_per_epoch} steps - "
+                  f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
+                  f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
+    return history

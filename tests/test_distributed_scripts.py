@@ -1,0 +1,85 @@
+"""train_gpu.py and train_tpu.py: rehearsals on logical CPUs, and fast failure without hardware."""
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+import train_gpu
+import train_tpu
+from pyimagesearch import cli
+from pyimagesearch.errors import UserError
+from pyimagesearch.train import plan_run, scaled_learning_rate
+
+ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
+                "--learning-rate", "0.5", "--data-source", "sample"]
+
+
+def _weights(path):
+    return [w.numpy() for w in keras.saving.load_model(path).weights]
+
+
+def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
+    train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path)])
+    train_gpu.main(ONE_SGD_STEP + ["--batch-size", "128", "--rehearse", "2",
+                                   "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "gpu_rehearsal.json").read_text())
+    assert (record["replicas"], record["global_batch_size"]) == (2, 256)
+    assert record["rehearsal"] is True and record["strategy"] == "MirroredStrategy"
+    cpu, gpu = _weights(tmp_path / "cpu.keras"), _weights(tmp_path / "gpu_rehearsal.keras")
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert not (tmp_path / "gpu.png").exists()  # a rehearsal is never named gpu.*
+
+
+def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path):
+    # the test session has 4 logical CPUs; `python train_tpu.py --rehearse 8`
+    # is the same code path with 8
+    train_tpu.main(["--rehearse", "4", "--batch-size", "64", "--steps-per-epoch", "2",
+                    "--epochs", "1", "--data-source", "sample", "--loop", "custom",
+                    "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "tpu_rehearsal.json").read_text())
+    assert record["replicas"] == 4 and record["global_batch_size"] == 64
+    assert record["per_replica_batch_size"] == 16 and record["validation_steps"] == 500 // 64
+    assert record["loop"] == "custom" and record["device"] == "tpu"
+    assert (tmp_path / "tpu_rehearsal.png").exists() and not (tmp_path / "tpu.png").exists()
+
+
+def test_tpu_defaults_are_the_articles():
+    args = cli.build_parser("tpu", "").parse_args([])
+    plan = plan_run("tpu", args, replicas=8)
+    assert (plan.global_batch_size, plan.steps_per_epoch) == (1024, 58)
+    assert plan.global_batch_size // plan.replicas == 128 and plan.fixed_validation
+
+
+def test_gpu_global_batch_grows_with_the_replicas():
+    args = cli.build_parser("gpu", "").parse_args([])
+    assert plan_run("gpu", args, replicas=2).global_batch_size == 256
+
+
+def test_tpu_batch_must_split_evenly():
+    args = cli.build_parser("tpu", "").parse_args(["--batch-size", "1020"])
+    with pytest.raises(UserError, match="does not split evenly"):
+        plan_run("tpu", args, replicas=8)
+
+
+def test_learning_rate_scaling():
+    assert scaled_learning_rate(1e-3, "none", 1024) == 1e-3
+    assert scaled_learning_rate(1e-3, "linear", 1024) == pytest.approx(8e-3)
+    assert scaled_learning_rate(1e-3, "sqrt", 1024) == pytest.approx(1e-3 * 8 ** 0.5)
+
+
+@pytest.mark.parametrize("script, hint", [("train_gpu.py", "no GPU is visible"),
+                                          ("train_tpu.py", "no TPU found")])
+def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint):
+    (tmp_path / "tpu.png").write_text("earlier")
+    result = subprocess.run([sys.executable, script, "--output-dir", str(tmp_path)],
+                            cwd=repo, capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and hint in lines[0] and "--rehearse" in lines[0], result.stderr
+    assert (tmp_path / "tpu.png").read_text() == "earlier"
