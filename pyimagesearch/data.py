@@ -32,6 +32,7 @@ from pyimagesearch import config
 from pyimagesearch.errors import UserError
 
 SOURCES = ("auto", "tfds", "sample")
+PREFETCH_BATCHES = 2  # batches prepared while the model trains on the current one
 # tfds' GCS mirror and MNIST's download URL both live on this host
 _PROBE_HOST = ("storage.googleapis.com", 443)
 PROBE_TIMEOUT_SECONDS = 3.0  # how long `auto` waits for the network at most
@@ -205,8 +206,14 @@ def make_pipeline(images, batchSize, shuffleSize=None, repeat=False,
         dataset = dataset.repeat()
     # batch first, then convert: one vectorised op per batch, not per image
     dataset = dataset.batch(batchSize, drop_remainder=dropRemainder)
-    dataset = dataset.map(_to_pair, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.map(_to_pair)
+    # two batches ready ahead of the model are plenty for in-memory data;
+    # with nothing left to tune, autotuning (a background thread per
+    # iterator, which delays the iterator's teardown) is switched off
+    dataset = dataset.prefetch(PREFETCH_BATCHES)
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def get_data(dataName, split, batchSize, shuffleSize=None, source="auto",

@@ -40,6 +40,34 @@ def gpu_strategy():
     return tf.distribute.MirroredStrategy()
 
 
+def _no_autotune_on_device_buffers():
+    """Turn off tf.data autotuning on MirroredStrategy's per-device input buffers.
+
+    Each replica's input buffer is a small tf.data pipeline of its own, with
+    autotuning on by default and nothing to tune. Tearing one down waits for
+    its autotuning thread to wake up, and Keras tears them down between
+    epochs: with 8 logical CPU devices (TF 2.21) epochs of 6 s took 20 to
+    140 s, the process idle, and the end of training stalled for minutes.
+    With autotuning off there, epochs take 6.5 s. The hook is private
+    TensorFlow API, so where it is missing nothing is changed.
+    """
+    try:
+        from tensorflow.python.data.ops import multi_device_iterator_ops as ops
+    except ImportError:
+        return
+    original = getattr(ops, "_create_device_dataset", None)
+    if original is None or getattr(original, "_pyimagesearch", False):
+        return
+    options = tf.data.Options()
+    options.autotune.enabled = False
+
+    def create_device_dataset(*args, **kwargs):
+        return original(*args, **kwargs).with_options(options)
+
+    create_device_dataset._pyimagesearch = True
+    ops._create_device_dataset = create_device_dataset
+
+
 def rehearsal_strategy(replicas):
     """MirroredStrategy over `replicas` logical devices carved out of the CPU.
 
@@ -61,6 +89,7 @@ def rehearsal_strategy(replicas):
     if len(devices) < replicas:
         raise UserError(f"cannot rehearse on {replicas} devices: TensorFlow already "
                         f"started with {len(devices)} CPU devices in this process")
+    _no_autotune_on_device_buffers()
     # reduce through one device: collective all-reduce keys would clash
     # between rehearsals of different sizes in one process (tests do that)
     return tf.distribute.MirroredStrategy(
