@@ -1,0 +1,179 @@
+"""The article's Table 1 from your own runs, and their reconstructions side by side.
+
+    python train_cpu.py && python train_tpu.py --rehearse 8
+    python compare.py                      # reads outputs/*.json
+    python compare.py --output-dir runs/   # another folder of run records
+
+Reads every run record (cpu.json, gpu.json, tpu.json, *_rehearsal.json) in
+the folder, prints Table 1 as Markdown and writes it to comparison.md, and
+draws comparison.png: the same 8 validation digits reconstructed by every
+model found beside its record, with a bar chart of seconds per epoch. The
+first epoch is reported apart from the rest, since it includes tracing (and
+on a TPU, compilation). A file that is not a run record is named and skipped.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from pyimagesearch import cli, config
+from pyimagesearch.errors import UserError
+
+REQUIRED = ("device", "replicas", "global_batch_size", "steps_per_epoch",
+            "epoch_seconds", "loss", "val_loss", "data_source")
+COLUMNS = ("run", "replicas", "global batch", "steps/epoch", "epoch 1 (s)",
+           "later epochs (s)", "ms/step", "images/s", "loss", "val_loss", "data",
+           "rehearsal")
+# the article's own figures, from its logs, for reference: Colab CPU, a Tesla T4,
+# and 8 TPU cores; the article gives no images/s
+ARTICLE_ROWS = [
+    ("article: CPU", 1, 128, 468, 65, 57, 122, None, 0.0015, 0.0014, "MNIST", "no"),
+    ("article: GPU (Tesla T4)", 1, 128, 468, 24, 4, 8, None, 0.0015, 0.0015, "MNIST", "no"),
+    ("article: TPU (8 cores)", 8, 1024, 58, 8, 2, 27, None, 0.0087, 0.0072, "MNIST", "no"),
+]
+
+
+def load_records(folder):
+    """{stem: record} for every run record in `folder`; complaints go to stderr."""
+    records = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with open(path) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError) as error:
+            print(f"skipping {path}: not readable JSON ({error})", file=sys.stderr)
+            continue
+        missing = [key for key in REQUIRED if not isinstance(record, dict) or key not in record]
+        if missing:
+            print(f"skipping {path}: not a run record (no {', '.join(missing)})",
+                  file=sys.stderr)
+            continue
+        if not record["epoch_seconds"]:
+            print(f"skipping {path}: the run record has no epochs", file=sys.stderr)
+            continue
+        records[name[:-len(".json")]] = record
+    return records
+
+
+def table_row(stem, record):
+    """One row of Table 1 from a run record."""
+    seconds = record["epoch_seconds"]
+    train = record.get("train_seconds") or seconds
+    later = seconds[1:] or seconds
+    later_train = train[1:] or train
+    steps = record["steps_per_epoch"]
+    ms_per_step = 1000 * statistics.mean(later_train) / steps
+    images = steps * record["global_batch_size"] / statistics.mean(later_train)
+    return (stem, record["replicas"], record["global_batch_size"], steps,
+            round(seconds[0], 1), round(statistics.mean(later), 1), round(ms_per_step, 1),
+            round(images), round(record["loss"][-1], 4), round(record["val_loss"][-1], 4),
+            record["data_source"], "yes" if record.get("rehearsal") else "no")
+
+
+def markdown_table(rows):
+    """A Markdown table of `rows` under COLUMNS."""
+    def cell(value):
+        return "" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def comparison_figure(records, folder, source):
+    """Input digits and each model's reconstruction in columns, plus epoch times."""
+    import keras
+    import numpy as np
+
+    import pyimagesearch  # noqa: F401  (registers the model for loading)
+    from pyimagesearch.data import load_images
+    from pyimagesearch.outputs import Figure
+
+    models = {}
+    for stem in records:
+        path = os.path.join(folder, f"{stem}.keras")
+        if os.path.exists(path):
+            try:
+                models[stem] = keras.saving.load_model(path)
+            except Exception as error:  # a damaged model file is reported, not fatal
+                print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
+    val = load_images(config.DATA_NAME, config.VALIDATION_FLAG, source)
+    picks = np.linspace(0, len(val) - 1, config.NUM_FIGURE_DIGITS).astype(int)
+    digits = val[picks].astype("float32") / 255.0
+
+    columns = 1 + len(models)
+    figure = Figure(figsize=(1.6 * columns + 4, 1.6 * len(digits)), layout="constrained")
+    grid = figure.add_gridspec(len(digits), columns + 3)
+    for row, digit in enumerate(digits):
+        axis = figure.add_subplot(grid[row, 0])
+        axis.imshow(digit.squeeze(-1), cmap="gray", vmin=0, vmax=1)
+        axis.set_axis_off()
+        if row == 0:
+            axis.set_title("input", fontsize=9)
+    for column, (stem, model) in enumerate(models.items(), start=1):
+        predictions = model.predict(digits, verbose=0)
+        for row, prediction in enumerate(predictions):
+            axis = figure.add_subplot(grid[row, column])
+            axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
+            axis.set_axis_off()
+            if row == 0:
+                axis.set_title(f"{stem}\nval {records[stem]['val_loss'][-1]:.4f}", fontsize=8)
+    bars = figure.add_subplot(grid[:, columns:])
+    stems = list(records)
+    later = [statistics.mean(records[s]["epoch_seconds"][1:] or records[s]["epoch_seconds"])
+             for s in stems]
+    first = [records[s]["epoch_seconds"][0] for s in stems]
+    positions = np.arange(len(stems))
+    bars.barh(positions - 0.2, first, height=0.4, label="epoch 1")
+    bars.barh(positions + 0.2, later, height=0.4, label="later epochs (mean)")
+    bars.set_yticks(positions, stems, fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("seconds per epoch")
+    bars.legend(fontsize=8)
+    figure.suptitle(f"reconstructions of {source} validation digits, and epoch times")
+    return figure
+
+
+def main(argv=None):
+    parser = cli._OneLineParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
+                        help="folder with run records; also where the comparison "
+                             "goes (default %(default)s)")
+    parser.add_argument("--digits-from", choices=("sample", "tfds"), default="sample",
+                        help="whose validation digits the figure shows "
+                             "(default %(default)s: works offline)")
+    parser.add_argument("--with-article", action="store_true",
+                        help="append the article's own figures, labelled, to the table")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.output_dir):
+        raise UserError(f"{args.output_dir} is not a folder")
+    records = load_records(args.output_dir)
+    if not records:
+        raise UserError(f"no run records in {args.output_dir}; run train_cpu.py, "
+                        "train_gpu.py or train_tpu.py first")
+    cli.check_output_dir(args.output_dir)
+
+    rows = [table_row(stem, record) for stem, record in records.items()]
+    table = markdown_table(rows)
+    if args.with_article:
+        table += "\n\nThe article's Table 1, for reference (its machines, full MNIST):\n\n"
+        table += markdown_table(ARTICLE_ROWS)
+    print(table)
+
+    from pyimagesearch.outputs import StagedOutputs
+
+    with StagedOutputs(args.output_dir) as staged:
+        with open(staged.path("comparison.md"), "w") as handle:
+            handle.write(table + "\n")
+        figure = comparison_figure(records, args.output_dir, args.digits_from)
+        figure.savefig(staged.path("comparison.png"), format="png", dpi=80)
+    print(f"[INFO] wrote {os.path.join(args.output_dir, 'comparison.md')} and comparison.png")
+
+
+if __name__ == "__main__":
+    cli.run_main(main, sys.argv[1:])

@@ -1,0 +1,82 @@
+"""matmul_benchmark.py's statistics and compare.py on records of tiny real runs."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import compare
+import matmul_benchmark
+import train_cpu
+import train_tpu
+
+
+def test_flop_count_of_the_articles_shapes():
+    assert matmul_benchmark.matmul_flops() == 2 * 1024 * 512 * 512 * 16 == 8_589_934_592
+    with pytest.raises(ValueError):
+        matmul_benchmark.matmul_flops((4, 2, 3), (4, 5, 6))
+
+
+def test_statistics_leave_out_the_warm_up():
+    seconds = [9.0, 8.0, 1.0, 3.0, 2.0, 4.0, 5.0]
+    stats = matmul_benchmark.summarize(seconds, warmup=2)
+    assert stats["median"] == 3.0 and stats["repetitions"] == 5
+    assert (stats["min"], stats["max"]) == (1.0, 5.0)
+    with pytest.raises(ValueError):
+        matmul_benchmark.summarize([1.0, 2.0], warmup=2)
+
+
+def test_a_tiny_benchmark_run_reports_both_timings(monkeypatch):
+    monkeypatch.setattr(matmul_benchmark, "SHAPES",
+                        {"w": (8, 16, 4), "x": (8, 4, 16), "b": (8, 16, 16)})
+    monkeypatch.setattr(matmul_benchmark, "matmul_flops", lambda: 2 * 8 * 16 * 16 * 4)
+    result = matmul_benchmark.run_benchmark("cpu", repeats=3, warmup=1)
+    assert result["seconds"]["repetitions"] == 3 and result["naive_seconds"] > 0
+    assert result["tflops"] == pytest.approx(
+        2 * 8 * 16 * 16 * 4 / result["seconds"]["median"] / 1e12)
+    text = matmul_benchmark.report(result)
+    assert "naive" in text and "median" in text
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """A folder with the records and models of a tiny CPU run and a tiny TPU rehearsal."""
+    folder = tmp_path_factory.mktemp("runs")
+    tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample",
+            "--output-dir", str(folder)]
+    train_cpu.main(tiny + ["--batch-size", "32"])
+    train_tpu.main(tiny + ["--rehearse", "2", "--batch-size", "64"])
+    return folder
+
+
+def test_compare_builds_table_and_figure(run_folder, tmp_path, capsys):
+    folder = tmp_path / "runs"
+    shutil.copytree(run_folder, folder)
+    (folder / "broken.json").write_text("{ not json")
+    (folder / "foreign.json").write_text(json.dumps({"name": "package.json"}))
+    compare.main(["--output-dir", str(folder)])
+    out, err = capsys.readouterr()
+    rows = [line for line in out.splitlines() if line.startswith("| cpu")
+            or line.startswith("| tpu_rehearsal")]
+    assert len(rows) == 2
+    assert "broken.json: not readable JSON" in err and "foreign.json: not a run record" in err
+    assert (folder / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| tpu_rehearsal | 2 | 64 | 2 |" in (folder / "comparison.md").read_text()
+
+
+def test_compare_row_separates_the_first_epoch():
+    record = {"device": "cpu", "replicas": 1, "global_batch_size": 100,
+              "steps_per_epoch": 10, "epoch_seconds": [9.0, 2.0, 4.0],
+              "train_seconds": [8.0, 1.0, 3.0], "loss": [0.5, 0.1], "val_loss": [0.4, 0.2],
+              "data_source": "sample"}
+    row = compare.table_row("cpu", record)
+    assert row[4:8] == (9.0, 3.0, 200.0, 500)  # epoch 1, later mean, ms/step, images/s
+
+
+def test_compare_without_records_is_one_line(repo, tmp_path):
+    result = subprocess.run([sys.executable, "compare.py", "--output-dir", str(tmp_path)],
+                            cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no run records" in lines[0], result.stderr
