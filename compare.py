@@ -28,9 +28,9 @@ COLUMNS = ("run", "replicas", "global batch", "steps/epoch", "epoch 1 (s)",
 # the article's own figures, from its logs, for reference: Colab CPU, a Tesla T4,
 # and 8 TPU cores; the article gives no images/s
 ARTICLE_ROWS = [
-    ("article: CPU", 1, 128, 468, 65, 57, 122, None, 0.0015, 0.0014, "MNIST", "no"),
-    ("article: GPU (Tesla T4)", 1, 128, 468, 24, 4, 8, None, 0.0015, 0.0015, "MNIST", "no"),
-    ("article: TPU (8 cores)", 8, 1024, 58, 8, 2, 27, None, 0.0087, 0.0072, "MNIST", "no"),
+    ("article: CPU", 1, 128, 468, 65, 57, 122, None, "0.0015", "0.0014", "MNIST", "no"),
+    ("article: GPU (Tesla T4)", 1, 128, 468, 24, 4, 8, None, "0.0015", "0.0015", "MNIST", "no"),
+    ("article: TPU (8 cores)", 8, 1024, 58, 8, 2, 27, None, "0.0087", "0.0072", "MNIST", "no"),
 ]
 
 
@@ -70,7 +70,7 @@ def table_row(stem, record):
     images = steps * record["global_batch_size"] / statistics.mean(later_train)
     return (stem, record["replicas"], record["global_batch_size"], steps,
             round(seconds[0], 1), round(statistics.mean(later), 1), round(ms_per_step, 1),
-            round(images), round(record["loss"][-1], 4), round(record["val_loss"][-1], 4),
+            round(images), f"{record['loss'][-1]:.4f}", f"{record['val_loss'][-1]:.4f}",
             record["data_source"], "yes" if record.get("rehearsal") else "no")
 
 
@@ -84,6 +84,18 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
+def _wrap(stem, width=14):
+    """Break a long run name at underscores so column titles do not overlap."""
+    lines = [""]
+    for part in stem.split("_"):
+        if lines[-1] and len(lines[-1]) + len(part) + 1 > width:
+            lines[-1] += "_"
+            lines.append(part)
+        else:
+            lines[-1] = f"{lines[-1]}_{part}" if lines[-1] else part
+    return "\n".join(lines)
+
+
 def comparison_figure(records, folder, source):
     """Input digits and each model's reconstruction in columns, plus epoch times."""
     import keras
@@ -92,6 +104,9 @@ def comparison_figure(records, folder, source):
     import pyimagesearch  # noqa: F401  (registers the model for loading)
     from pyimagesearch.data import load_images
     from pyimagesearch.outputs import Figure
+    from pyimagesearch.strategy import cpu_strategy
+
+    cpu_strategy()  # quiet device discovery; a comparison needs no accelerator
 
     models = {}
     for stem in records:
@@ -115,13 +130,14 @@ def comparison_figure(records, folder, source):
         if row == 0:
             axis.set_title("input", fontsize=9)
     for column, (stem, model) in enumerate(models.items(), start=1):
-        predictions = model.predict(digits, verbose=0)
+        predictions = np.asarray(model(digits, training=False))
         for row, prediction in enumerate(predictions):
             axis = figure.add_subplot(grid[row, column])
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
             axis.set_axis_off()
             if row == 0:
-                axis.set_title(f"{stem}\nval {records[stem]['val_loss'][-1]:.4f}", fontsize=8)
+                axis.set_title(f"{_wrap(stem)}\nval {records[stem]['val_loss'][-1]:.4f}",
+                               fontsize=7)
     bars = figure.add_subplot(grid[:, columns:])
     stems = list(records)
     later = [statistics.mean(records[s]["epoch_seconds"][1:] or records[s]["epoch_seconds"])

@@ -20,6 +20,7 @@ before the clock stops. The naive single timing is shown beside it.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -69,8 +70,6 @@ def cpu_peak_tflops():
     AVX-512, 32 with AVX2. Clock is the nominal one in /proc/cpuinfo; turbo
     can exceed it, so treat this as an estimate, not a bound.
     """
-    import os
-
     try:
         with open("/proc/cpuinfo") as handle:
             info = handle.read()
@@ -106,6 +105,13 @@ def _device_name(device):
         return "TPU"
     import platform
 
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
     return platform.processor() or platform.machine()
 
 
@@ -182,7 +188,7 @@ def report(result):
         f"device: {result['device_name']} ({result['replicas']} replica(s)), "
         f"{result['dtype']}, TensorFlow {result['tensorflow_version']}",
         f"naive (article's way: first call, no wait): {result['naive_seconds']:.6f} s"
-        f"  -> would be {result['naive_tflops']:.2f} TFLOP/s",
+        f"  -> would be {result['naive_tflops']:.3g} TFLOP/s",
         f"measured: median {s['median']:.6f} s over {s['repetitions']} runs "
         f"(min {s['min']:.6f}, q1 {s['q1']:.6f}, q3 {s['q3']:.6f}, max {s['max']:.6f}; "
         f"{s['warmup']} warm-up runs left out)",

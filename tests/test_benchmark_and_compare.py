@@ -72,6 +72,7 @@ def test_compare_row_separates_the_first_epoch():
               "data_source": "sample"}
     row = compare.table_row("cpu", record)
     assert row[4:8] == (9.0, 3.0, 200.0, 500)  # epoch 1, later mean, ms/step, images/s
+    assert row[8:10] == ("0.1000", "0.2000")
 
 
 def test_compare_without_records_is_one_line(repo, tmp_path):

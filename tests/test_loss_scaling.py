@@ -36,7 +36,7 @@ def one_step(strategy, loss, images, loop="fit"):
         model.compile(loss=loss, optimizer=keras.optimizers.SGD(LEARNING_RATE))
     before = [w.numpy() for w in model.trainable_weights]
     if loop == "fit":
-        model.fit(_dataset(images), epochs=1, steps_per_epoch=1, verbose=0)
+        model.fit(_dataset(images), epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
     else:
         fit_custom(model, strategy, _dataset(images), _dataset(images).take(1),
                    epochs=1, steps_per_epoch=1, global_batch_size=GLOBAL_BATCH,
