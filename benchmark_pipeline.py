@@ -70,7 +70,7 @@ def time_epoch(dataset, steps, steps_per_execution=1):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = cli.OneLineParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True,
                         help="tfds data dir with MNIST prepared")

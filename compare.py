@@ -155,7 +155,7 @@ def comparison_figure(records, folder, source):
 
 
 def main(argv=None):
-    parser = cli._OneLineParser(description=__doc__,
+    parser = cli.OneLineParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
                         help="folder with run records; also where the comparison "

@@ -122,9 +122,9 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
 
     from pyimagesearch import strategy as strategies
 
-    strategy = strategies.get_strategy(device, rehearse=rehearse, tpu=tpu)
-    if dtype == "float16" and device != "gpu":
+    if dtype == "float16" and (device != "gpu" or rehearse):
         raise UserError("--dtype float16 is for GPUs; use bfloat16 on CPU and TPU")
+    strategy = strategies.get_strategy(device, rehearse=rehearse, tpu=tpu)
     tf_dtype = tf.as_dtype(dtype)
     replicas = strategy.num_replicas_in_sync
     if SHAPES["w"][0] % replicas:
@@ -201,7 +201,7 @@ def report(result):
 
 
 def main(argv=None):
-    parser = cli._OneLineParser(description=__doc__,
+    parser = cli.OneLineParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "gpu", "tpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),

@@ -104,7 +104,7 @@ def prepare(data_dir, idx_folder=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = cli.OneLineParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="tfds data dir to prepare")
     group = parser.add_mutually_exclusive_group(required=True)

@@ -19,7 +19,7 @@ LOOPS = ("fit", "custom")
 LR_SCALINGS = ("none", "sqrt", "linear")
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is reported in one line instead of usage + error."""
 
     def error(self, message):
@@ -54,7 +54,7 @@ def positive_float(text):
 
 def build_parser(device, description):
     """The flags of train_<device>.py; `device` is cpu, gpu or tpu."""
-    parser = _OneLineParser(
+    parser = OneLineParser(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     on_tpu = device == "tpu"
