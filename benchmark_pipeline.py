@@ -78,6 +78,8 @@ def main(argv=None):
                         help="trials per pipeline (default %(default)s)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
+    if args.json:
+        cli.check_output_file(args.json)
 
     from pyimagesearch import data, strategy
     from pyimagesearch.train import steps_per_execution

@@ -59,17 +59,20 @@ def load_records(folder):
     return records
 
 
+def later_mean(values):
+    """Mean over the epochs after the first (the first alone if there is one)."""
+    return statistics.mean(values[1:] or values)
+
+
 def table_row(stem, record):
     """One row of Table 1 from a run record."""
     seconds = record["epoch_seconds"]
-    train = record.get("train_seconds") or seconds
-    later = seconds[1:] or seconds
-    later_train = train[1:] or train
+    train = later_mean(record.get("train_seconds") or seconds)
     steps = record["steps_per_epoch"]
-    ms_per_step = 1000 * statistics.mean(later_train) / steps
-    images = steps * record["global_batch_size"] / statistics.mean(later_train)
+    ms_per_step = 1000 * train / steps
+    images = steps * record["global_batch_size"] / train
     return (stem, record["replicas"], record["global_batch_size"], steps,
-            round(seconds[0], 1), round(statistics.mean(later), 1), round(ms_per_step, 1),
+            round(seconds[0], 1), round(later_mean(seconds), 1), round(ms_per_step, 1),
             round(images), f"{record['loss'][-1]:.4f}", f"{record['val_loss'][-1]:.4f}",
             record["data_source"], "yes" if record.get("rehearsal") else "no")
 
@@ -102,7 +105,7 @@ def comparison_figure(records, folder, source):
     import numpy as np
 
     import pyimagesearch  # noqa: F401  (registers the model for loading)
-    from pyimagesearch.data import load_images
+    from pyimagesearch.data import figure_digits, load_images, resolve_data_dir, resolve_source
     from pyimagesearch.outputs import Figure
     from pyimagesearch.strategy import cpu_strategy
 
@@ -116,9 +119,10 @@ def comparison_figure(records, folder, source):
                 models[stem] = keras.saving.load_model(path)
             except Exception as error:  # a damaged model file is reported, not fatal
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
-    val = load_images(config.DATA_NAME, config.VALIDATION_FLAG, source)
-    picks = np.linspace(0, len(val) - 1, config.NUM_FIGURE_DIGITS).astype(int)
-    digits = val[picks].astype("float32") / 255.0
+    data_dir = resolve_data_dir(None) if source == "tfds" else None
+    resolved = resolve_source(source, config.DATA_NAME, data_dir)  # fails fast offline
+    digits = figure_digits(load_images(config.DATA_NAME, config.VALIDATION_FLAG,
+                                       resolved.name, data_dir))
 
     columns = 1 + len(models)
     figure = Figure(figsize=(1.6 * columns + 4, 1.6 * len(digits)), layout="constrained")
@@ -140,8 +144,7 @@ def comparison_figure(records, folder, source):
                                fontsize=7)
     bars = figure.add_subplot(grid[:, columns:])
     stems = list(records)
-    later = [statistics.mean(records[s]["epoch_seconds"][1:] or records[s]["epoch_seconds"])
-             for s in stems]
+    later = [later_mean(records[s]["epoch_seconds"]) for s in stems]
     first = [records[s]["epoch_seconds"][0] for s in stems]
     positions = np.arange(len(stems))
     bars.barh(positions - 0.2, first, height=0.4, label="epoch 1")
@@ -161,8 +164,8 @@ def main(argv=None):
                         help="folder with run records; also where the comparison "
                              "goes (default %(default)s)")
     parser.add_argument("--digits-from", choices=("sample", "tfds"), default="sample",
-                        help="whose validation digits the figure shows "
-                             "(default %(default)s: works offline)")
+                        help="whose validation digits the figure shows; tfds reads "
+                             "$TFDS_DATA_DIR (default %(default)s: works offline)")
     parser.add_argument("--with-article", action="store_true",
                         help="append the article's own figures, labelled, to the table")
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ before the clock stops. The naive single timing is shown beside it.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -41,8 +42,9 @@ PEAK_TFLOPS = {
 }
 
 
-def matmul_flops(w_shape=SHAPES["w"], x_shape=SHAPES["x"]):
+def matmul_flops(w_shape=None, x_shape=None):
     """FLOPs of a batched matmul (B, M, K) @ (B, K, N): a multiply and an add per term."""
+    w_shape, x_shape = w_shape or SHAPES["w"], x_shape or SHAPES["x"]
     batch, m, k = w_shape
     batch_x, k_x, n = x_shape
     if (batch, k) != (batch_x, k_x):
@@ -118,6 +120,7 @@ def _device_name(device):
 def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
                   tpu=None):
     """Time the article's op; return a dict of figures."""
+    import numpy as np
     import tensorflow as tf
 
     from pyimagesearch import strategy as strategies
@@ -128,7 +131,8 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
     tf_dtype = tf.as_dtype(dtype)
     replicas = strategy.num_replicas_in_sync
     if SHAPES["w"][0] % replicas:
-        raise UserError(f"the batch of 1024 does not split over {replicas} replicas")
+        raise UserError(f"the batch of {SHAPES['w'][0]} does not split over "
+                        f"{replicas} replicas")
 
     with strategy.scope():
         def make(name, seed):
@@ -161,14 +165,15 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
 
     stats = summarize(seconds, warmup)
     flops = matmul_flops()
-    out_bytes = 1024 * 512 * 512 * tf_dtype.size
+    out_bytes = int(np.prod(SHAPES["b"])) * tf_dtype.size
     name = _device_name(device) if not rehearse else f"{rehearse} logical CPU devices"
     peak = None
     if device == "cpu" or rehearse:
         peak = cpu_peak_tflops() if dtype == "float32" else None
     else:
+        # whole words only: "L4" must not match an "L40S"
         peak = next((value for (key, kind), value in PEAK_TFLOPS.items()
-                     if key in name and kind == dtype), None)
+                     if re.search(rf"\b{key}\b", name) and kind == dtype), None)
     return {
         "device": device, "device_name": name, "rehearsal": bool(rehearse),
         "replicas": replicas, "dtype": dtype, "flops": flops, "output_bytes": out_bytes,
@@ -215,6 +220,8 @@ def main(argv=None):
     parser.add_argument("--tpu", default=None, help="TPU name or address")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.json:
+        cli.check_output_file(args.json)  # before the run, not after it
     result = run_benchmark(args.device, args.dtype, args.repeats, args.warmup,
                            args.rehearse, args.tpu)
     print(report(result))

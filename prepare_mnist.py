@@ -63,14 +63,10 @@ def _unpack_idx(source_folder, folder):
 
 def _stand_in(folder):
     """The sample's digits tiled to MNIST's 60,000 + 10,000 images."""
-    import gzip as gz
+    from pyimagesearch.data import read_sample
 
-    from pyimagesearch.data import sample_path
-
-    with gz.open(sample_path(), "rt") as handle:
-        table = np.loadtxt(handle, delimiter=",", dtype=np.int64)
-    images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
-    labels = table[:, -1]
+    images, labels = read_sample()
+    images = images.reshape(-1, 28, 28)
     order = np.random.default_rng(0).permutation(len(images))
     images, labels = images[order], labels[order]
     train = np.resize(np.arange(len(images)), config.TRAIN_IMAGES)
@@ -82,6 +78,11 @@ def prepare(data_dir, idx_folder=None):
     """Build tfds' MNIST in `data_dir` from idx files (or the stand-in)."""
     import tensorflow_datasets as tfds
 
+    # tfds would keep an existing dataset, so a stand-in could pass for MNIST
+    # (or the other way round): refuse instead of guessing
+    if tfds.builder(config.DATA_NAME, data_dir=data_dir).is_prepared():
+        raise UserError(f"{config.DATA_NAME} is already prepared in {data_dir}; "
+                        f"remove {os.path.join(data_dir, config.DATA_NAME)} first")
     with tempfile.TemporaryDirectory() as scratch:
         paths = _unpack_idx(idx_folder, scratch) if idx_folder else _stand_in(scratch)
         builder = tfds.builder(config.DATA_NAME, data_dir=data_dir)

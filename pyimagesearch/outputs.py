@@ -49,10 +49,13 @@ class StagedOutputs:
         return self
 
     def __exit__(self, kind, value, traceback):
-        if kind is None:
-            for final, temporary in self._staged.items():
-                os.replace(temporary, final)
-        else:
+        try:
+            if kind is None:
+                for final, temporary in self._staged.items():
+                    os.replace(temporary, final)
+        finally:
+            # nothing temporary stays behind, whether the run failed or a
+            # replace did
             for temporary in self._staged.values():
                 if os.path.exists(temporary):
                     os.remove(temporary)

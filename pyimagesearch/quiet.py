@@ -14,8 +14,12 @@ import tempfile
 
 
 @contextlib.contextmanager
-def native_stderr_quiet():
-    """Send fd 2 to a temporary file for the duration; replay it on error."""
+def native_stderr_quiet(expected=()):
+    """Send fd 2 to a temporary file for the duration; replay it on error.
+
+    An exception of a type in `expected` is one the caller turns into its own
+    message, so the captured lines are dropped then, not replayed.
+    """
     if os.environ.get("PYIMAGESEARCH_VERBOSE_TF"):  # escape hatch for debugging
         yield
         return
@@ -25,10 +29,11 @@ def native_stderr_quiet():
         os.dup2(capture.fileno(), 2)
         try:
             yield
-        except BaseException:
-            os.dup2(saved, 2)
-            capture.seek(0)
-            os.write(2, capture.read())
+        except BaseException as error:
+            if not isinstance(error, expected):
+                os.dup2(saved, 2)
+                capture.seek(0)
+                os.write(2, capture.read())
             raise
         finally:
             sys.stderr.flush()

@@ -112,12 +112,14 @@ def _tpu_resolver(tpu):
 
 def tpu_strategy(tpu=None):
     """Connect to and initialise the TPU system, then build a TPUStrategy."""
+    # OSError: a resolver that asks Google Cloud's metadata server off Cloud
+    expected = (ValueError, RuntimeError, OSError, tf.errors.OpError)
     try:
-        with native_stderr_quiet():
+        with native_stderr_quiet(expected):
             resolver = _tpu_resolver(tpu)
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+    except expected as error:
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise UserError(f"no TPU found ({detail or type(error).__name__}); pass "
                         "--tpu NAME, or use --rehearse 8 to rehearse on 8 logical "

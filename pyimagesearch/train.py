@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.data import get_data, load_images, resolve_data_dir, resolve_source
+from pyimagesearch.data import (figure_digits, get_data, load_images, resolve_data_dir,
+                                resolve_source)
 from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
@@ -87,6 +88,28 @@ def scaled_learning_rate(learning_rate, scaling, global_batch_size,
     raise UserError(f"unknown learning-rate scaling {scaling!r}")
 
 
+def validation_data(plan, source, dataDir):
+    """The validation pipeline and its number of batches (None: one full pass).
+
+    On CPU and GPU it is one pass over the split, the last batch partial. The
+    TPU configuration needs full, evenly split batches: the split is repeated
+    and cut to `len // global batch` of them (10,000 // 1024 = 9 on MNIST,
+    config.TPU_VALIDATION_STEPS; at least 1, which on the 500-digit sample
+    repeats digits). The cut is made in the dataset, not with Keras'
+    validation_steps, because Keras rounds those up to whole multiples of
+    steps_per_execution.
+    """
+    valDs = get_data(config.DATA_NAME, config.VALIDATION_FLAG,
+                     batchSize=plan.global_batch_size, source=source,
+                     dataDir=dataDir, repeat=plan.fixed_validation,
+                     dropRemainder=plan.fixed_validation)
+    if not plan.fixed_validation:
+        return valDs, None
+    count = len(load_images(config.DATA_NAME, config.VALIDATION_FLAG, source, dataDir))
+    steps = max(1, count // plan.global_batch_size)
+    return valDs.take(steps), steps
+
+
 def make_optimizer(name, learning_rate):
     """A fresh Keras optimizer; create it inside the strategy's scope."""
     if name == "adam":
@@ -145,15 +168,9 @@ def run(args, strategy, device, rehearsal=False):
                        shuffleSize=config.SHUFFLE_SIZE, source=source.name,
                        dataDir=dataDir, repeat=True, dropRemainder=True,
                        seed=args.seed)
-    valDs = get_data(config.DATA_NAME, config.VALIDATION_FLAG,
-                     batchSize=plan.global_batch_size, source=source.name,
-                     dataDir=dataDir, repeat=plan.fixed_validation,
-                     dropRemainder=plan.fixed_validation)
+    valDs, validationSteps = validation_data(plan, source.name, dataDir)
     valImages = load_images(config.DATA_NAME, config.VALIDATION_FLAG,
                             source.name, dataDir)
-    validationSteps = None
-    if plan.fixed_validation:
-        validationSteps = max(1, len(valImages) // plan.global_batch_size)
 
     learning_rate = scaled_learning_rate(args.learning_rate, args.lr_scaling,
                                          plan.global_batch_size)
@@ -175,20 +192,17 @@ def run(args, strategy, device, rehearsal=False):
         if args.loop == "custom":
             history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
                                  plan.steps_per_epoch, plan.global_batch_size,
-                                 validationSteps, plan.steps_per_execution,
+                                 steps_per_execution=plan.steps_per_execution,
                                  callbacks=[timer])
         else:
             history = model.fit(trainDs, epochs=args.epochs,
                                 steps_per_epoch=plan.steps_per_epoch,
                                 validation_data=valDs,
-                                validation_steps=validationSteps,
                                 callbacks=[timer], shuffle=False, verbose=1).history
 
-    # the same validation digits on every device: evenly spaced through the
-    # unshuffled split (the sample's split is ordered by class)
+    # the same validation digits on every device and in compare.py
     print("[INFO] evaluating the model...")
-    picks = np.linspace(0, len(valImages) - 1, config.NUM_FIGURE_DIGITS).astype(int)
-    testIm = valImages[picks].astype(np.float32) / 255.0
+    testIm = figure_digits(valImages)
     predIm = model.predict(tf.data.Dataset.from_tensors(testIm), verbose=0)
 
     record = {

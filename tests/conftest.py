@@ -22,10 +22,6 @@ tf.config.set_logical_device_configuration(
 tf.config.set_visible_devices([], "GPU")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than ~20 s; run in CI")
-
-
 @pytest.fixture
 def repo():
     """The repository root, for running the scripts as a reader would."""

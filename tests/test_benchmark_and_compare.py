@@ -30,11 +30,12 @@ def test_statistics_leave_out_the_warm_up():
 def test_a_tiny_benchmark_run_reports_both_timings(monkeypatch):
     monkeypatch.setattr(matmul_benchmark, "SHAPES",
                         {"w": (8, 16, 4), "x": (8, 4, 16), "b": (8, 16, 16)})
-    monkeypatch.setattr(matmul_benchmark, "matmul_flops", lambda: 2 * 8 * 16 * 16 * 4)
     result = matmul_benchmark.run_benchmark("cpu", repeats=3, warmup=1)
-    assert result["seconds"]["repetitions"] == 3 and result["naive_seconds"] > 0
+    assert result["flops"] == 2 * 8 * 16 * 16 * 4
+    assert result["output_bytes"] == 8 * 16 * 16 * 4  # float32
+    assert result["seconds"]["repetitions"] == 3 and result["seconds"]["warmup"] == 1
     assert result["tflops"] == pytest.approx(
-        2 * 8 * 16 * 16 * 4 / result["seconds"]["median"] / 1e12)
+        result["flops"] / result["seconds"]["median"] / 1e12)
     text = matmul_benchmark.report(result)
     assert "naive" in text and "median" in text
 

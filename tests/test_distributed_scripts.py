@@ -1,5 +1,6 @@
 """train_gpu.py and train_tpu.py: rehearsals on logical CPUs, and fast failure without hardware."""
 import json
+import os
 import subprocess
 import sys
 
@@ -10,9 +11,9 @@ import pytest
 import train_cpu
 import train_gpu
 import train_tpu
-from pyimagesearch import cli
+from pyimagesearch import cli, config
 from pyimagesearch.errors import UserError
-from pyimagesearch.train import plan_run, scaled_learning_rate
+from pyimagesearch.train import plan_run, scaled_learning_rate, validation_data
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -35,16 +36,17 @@ def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
     assert not (tmp_path / "gpu.png").exists()  # a rehearsal is never named gpu.*
 
 
-def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path):
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path, loop):
     # the test session has 4 logical CPUs; `python train_tpu.py --rehearse 8`
     # is the same code path with 8
     train_tpu.main(["--rehearse", "4", "--batch-size", "64", "--steps-per-epoch", "2",
-                    "--epochs", "1", "--data-source", "sample", "--loop", "custom",
+                    "--epochs", "1", "--data-source", "sample", "--loop", loop,
                     "--output-dir", str(tmp_path)])
     record = json.loads((tmp_path / "tpu_rehearsal.json").read_text())
     assert record["replicas"] == 4 and record["global_batch_size"] == 64
     assert record["per_replica_batch_size"] == 16 and record["validation_steps"] == 500 // 64
-    assert record["loop"] == "custom" and record["device"] == "tpu"
+    assert record["loop"] == loop and record["device"] == "tpu"
     assert (tmp_path / "tpu_rehearsal.png").exists() and not (tmp_path / "tpu.png").exists()
 
 
@@ -52,7 +54,26 @@ def test_tpu_defaults_are_the_articles():
     args = cli.build_parser("tpu", "").parse_args([])
     plan = plan_run("tpu", args, replicas=8)
     assert (plan.global_batch_size, plan.steps_per_epoch) == (1024, 58)
+    assert plan.steps_per_epoch == config.TPU_STEPS_PER_EPOCH
     assert plan.global_batch_size // plan.replicas == 128 and plan.fixed_validation
+
+
+@pytest.mark.parametrize("batch, steps", [(64, 7), (1024, 1)])
+def test_tpu_validation_is_exactly_the_recorded_full_batches(batch, steps):
+    # Keras would round validation_steps up to whole steps_per_execution, so
+    # the count is fixed in the dataset itself: read to its end, it has `steps`
+    args = cli.build_parser("tpu", "").parse_args(["--batch-size", str(batch)])
+    plan = plan_run("tpu", args, replicas=4)
+    dataset, recorded = validation_data(plan, "sample", None)
+    sizes = [len(images) for images, _ in dataset]
+    assert recorded == steps and sizes == [batch] * steps
+    assert config.TPU_VALIDATION_STEPS == config.VALIDATION_IMAGES // 1024 == 9
+
+
+def test_cpu_validation_is_one_full_pass():
+    args = cli.build_parser("cpu", "").parse_args([])
+    dataset, recorded = validation_data(plan_run("cpu", args, replicas=1), "sample", None)
+    assert recorded is None and sum(len(images) for images, _ in dataset) == 500
 
 
 def test_gpu_global_batch_grows_with_the_replicas():
@@ -72,14 +93,20 @@ def test_learning_rate_scaling():
     assert scaled_learning_rate(1e-3, "sqrt", 1024) == pytest.approx(1e-3 * 8 ** 0.5)
 
 
-@pytest.mark.parametrize("script, hint", [("train_gpu.py", "no GPU is visible"),
-                                          ("train_tpu.py", "no TPU found")])
-def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint):
-    (tmp_path / "tpu.png").write_text("earlier")
+@pytest.mark.parametrize("script, hint, figure", [
+    ("train_gpu.py", "no GPU is visible", "gpu.png"),
+    ("train_tpu.py", "no TPU found", "tpu.png"),
+])
+def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint, figure):
+    import tensorflow as tf
+
+    if script == "train_gpu.py" and tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is visible")
+    (tmp_path / figure).write_text("earlier")
     result = subprocess.run([sys.executable, script, "--output-dir", str(tmp_path)],
                             cwd=repo, capture_output=True, text=True, timeout=120,
-                            env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and hint in lines[0] and "--rehearse" in lines[0], result.stderr
-    assert (tmp_path / "tpu.png").read_text() == "earlier"
+    assert (tmp_path / figure).read_text() == "earlier"

@@ -75,7 +75,9 @@ def test_staged_outputs_replace_only_on_success(tmp_path):
     (["--epochs", "0"], "--epochs: must be at least 1"),
     (["--batch-size", "-3"], "--batch-size: must be at least 1"),
     (["--epochs", "abc"], "--epochs: expected an integer"),
-    (["--learning-rate", "0"], "--learning-rate: must be greater than 0"),
+    (["--learning-rate", "0"], "--learning-rate: must be a finite number above 0"),
+    (["--learning-rate", "inf"], "--learning-rate: must be a finite number above 0"),
+    (["--seed", str(2**32)], "--seed: must be at most 4294967295"),
     (["--data-source", "floppy"], "--data-source: invalid choice"),
 ])
 def test_bad_flags_give_one_line_and_exit_2(repo, tmp_path, flags, complaint):
