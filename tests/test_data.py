@@ -112,3 +112,11 @@ def test_a_stand_in_dataset_is_labelled_as_one(tmp_path, monkeypatch):
     (tmp_path / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
     source = data.resolve_source("auto", "mnist", str(tmp_path))
     assert source.name == "tfds" and "stand-in" in source.reason
+
+
+def test_prepare_mnist_refuses_a_prepared_data_dir(tmp_path, monkeypatch):
+    import prepare_mnist
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+    with pytest.raises(UserError, match="already prepared"):
+        prepare_mnist.prepare(str(tmp_path), idx_folder=None)

@@ -102,6 +102,10 @@ def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint, f
 
     if script == "train_gpu.py" and tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible")
+    tpu_hints = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
+    if script == "train_tpu.py" and (any(os.environ.get(v) for v in tpu_hints)
+                                     or os.path.exists("/dev/accel0")):
+        pytest.skip("this machine may have a TPU")
     (tmp_path / figure).write_text("earlier")
     result = subprocess.run([sys.executable, script, "--output-dir", str(tmp_path)],
                             cwd=repo, capture_output=True, text=True, timeout=120,
