@@ -13,7 +13,6 @@ import sys
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from pyimagesearch import config
