@@ -65,6 +65,20 @@ def summarize(seconds, warmup):
             "repetitions": len(timed), "warmup": warmup}
 
 
+def _cpuinfo():
+    """/proc/cpuinfo as {field: [value per processor]}; empty where there is none."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), []).append(value.strip())
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_peak_tflops():
     """A rough float32 peak of this CPU: cores x clock x FLOPs/cycle, or None.
 
@@ -72,14 +86,9 @@ def cpu_peak_tflops():
     AVX-512, 32 with AVX2. Clock is the nominal one in /proc/cpuinfo; turbo
     can exceed it, so treat this as an estimate, not a bound.
     """
-    try:
-        with open("/proc/cpuinfo") as handle:
-            info = handle.read()
-    except OSError:
-        return None
-    mhz = [float(line.split(":")[1]) for line in info.splitlines()
-           if line.startswith("cpu MHz")]
-    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    info = _cpuinfo()
+    mhz = [float(value) for value in info.get("cpu MHz", [])]
+    flags = " " + " ".join(info.get("flags", []))
     per_cycle = 64 if " avx512f" in flags else 32 if " avx2" in flags else 8
     if not mhz:
         return None
@@ -107,13 +116,9 @@ def _device_name(device):
         return "TPU"
     import platform
 
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
+    models = _cpuinfo().get("model name")
+    if models:
+        return f"{models[0]} ({os.cpu_count()} cores)"
     return platform.processor() or platform.machine()
 
 
