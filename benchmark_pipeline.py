@@ -2,6 +2,7 @@
 
     python prepare_mnist.py --data-dir /tmp/tfds --stand-in   # once, if no MNIST
     python benchmark_pipeline.py --data-dir /tmp/tfds
+    python benchmark_pipeline.py --data-dir /tmp/tfds --steps 50 --trials 1   # a quick look
 
 Both pipelines read the same prepared tfds MNIST and feed the same model,
 loss, optimizer and batch (128) on the CPU, in this one process, taking turns.
@@ -16,9 +17,9 @@ loss, optimizer and batch (128) on the CPU, in this one process, taking turns.
 A third set-up, ``train_cpu.py``, is the efficient pipeline with the
 training script's other speed-up, several steps per call into the compiled
 train function (``steps_per_execution``). Each trial trains two epochs of
-468 steps and keeps the second (the first includes tracing). Speed-ups are
-article-style seconds over each set-up's, medians over the trials; `--json`
-writes all the figures.
+468 steps (``--steps``) and keeps the second (the first includes tracing).
+Speed-ups are article-style seconds over each set-up's, medians over the
+trials; `--json` writes all the figures.
 """
 import argparse
 import json
@@ -26,6 +27,9 @@ import statistics
 import sys
 
 from pyimagesearch import cli, config
+
+# one pass over MNIST's training split; both pipelines repeat, so any count works
+FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
 
 
 def article_style_pipeline(data_dir, batch_size):
@@ -49,8 +53,8 @@ def efficient_pipeline(data_dir, batch_size):
     from pyimagesearch.data import get_data
 
     return get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=batch_size,
-                    shuffleSize=config.SHUFFLE_SIZE, source="tfds", dataDir=data_dir,
-                    repeat=True, dropRemainder=True, seed=config.SEED)
+                    shuffleSize=config.SHUFFLE_SIZE, source="tfds", data_dir=data_dir,
+                    repeat=True, drop_remainder=True, seed=config.SEED)
 
 
 def time_epoch(dataset, steps, steps_per_execution=1):
@@ -71,11 +75,15 @@ def time_epoch(dataset, steps, steps_per_execution=1):
 
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True,
                         help="tfds data dir with MNIST prepared")
     parser.add_argument("--trials", type=cli.positive_int, default=2,
                         help="trials per pipeline (default %(default)s)")
+    parser.add_argument("--steps", type=cli.positive_int, default=FULL_EPOCH_STEPS,
+                        help="training steps per timed epoch (default %(default)s: "
+                             f"{config.TRAIN_IMAGES:,} images in batches of "
+                             f"{config.BATCH_SIZE})")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
     if args.json:
@@ -87,7 +95,7 @@ def main(argv=None):
     strategy.cpu_strategy()
     source = data.resolve_source("tfds", config.DATA_NAME, data.resolve_data_dir(args.data_dir))
     print(f"[INFO] data: {source.reason}")
-    steps = config.TRAIN_IMAGES // config.BATCH_SIZE
+    steps = args.steps
     spe = steps_per_execution(steps)
     # name -> (pipeline, steps per execution)
     setups = {"article-style": (article_style_pipeline, 1),
@@ -110,8 +118,9 @@ def main(argv=None):
         with open(args.json, "w") as handle:
             json.dump({"seconds": seconds, "median_seconds": medians,
                        "speedup_over_article_style": ratios, "steps": steps,
-                       "steps_per_execution": spe, "batch_size": config.BATCH_SIZE,
-                       "data": source.reason}, handle, indent=2)
+                       "trials": args.trials, "steps_per_execution": spe,
+                       "batch_size": config.BATCH_SIZE, "data": source.reason},
+                      handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@
 
 The operation is the article's: w (1024, 512, 16) @ x (1024, 16, 512) + b
 (1024, 512, 512). The matmul is 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the
-add's 0.27 GFLOP is not counted: it is bound by memory, not arithmetic) and
-the result is 1 GiB of float32 written per run.
+add's 0.27 GFLOP is not counted). In float32 it reads w, x (32 MiB each) and
+b (1 GiB) and writes a 1 GiB result: 2.21 GB for 8.59 GFLOP, under 4 FLOP
+per byte, so it is bound by memory bandwidth on every CPU, GPU and TPU, not
+by arithmetic. The script therefore reports both rates: FLOP/s against the
+devices' arithmetic peak and bytes moved per second against their memory
+bandwidth, where that is known.
 
 The article starts a timer, issues the op and stops the timer: on a GPU or
 TPU that measures only the *launch*, because the device runs asynchronously,
@@ -17,9 +21,16 @@ and the first call also pays for set-up. Here the op is compiled once, run a
 few times to warm up, then timed over many repetitions, each waiting for the
 device to finish (`tf.test.experimental.sync_devices()`, or fetching a value)
 before the clock stops. The naive single timing is shown beside it.
+
+Every peak printed is an upper bound, summed over all the devices the run
+used (a MirroredStrategy over 4 GPUs or 8 TPU cores splits the batch over
+all of them): GPU figures are data-sheet maxima at boost clock; the CPU
+figure is cores x clock x the most float32 FLOPs a core can issue per cycle
+(see `cpu_peak`). A fraction of such a peak is what the op reached at best.
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -30,16 +41,36 @@ from pyimagesearch import cli
 from pyimagesearch.errors import UserError
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
-# peak dense throughput in TFLOP/s of devices whose name we can recognise;
-# sources: the vendors' data sheets (GPU: without sparsity)
+# Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
+# what TensorFlow reports. Source: NVIDIA's data sheets, SXM boards where
+# there are several (V100, A100, H100, H200); PCIe and NVL boards of the same
+# chip are slower, so for them these are still upper bounds. "tf32" is the
+# tensor-core rate TensorFlow uses for float32 matmuls on Ampere and later
+# while TF32 is enabled (its default); T4 and V100 have no TF32 and no
+# bfloat16, so those have no entry.
 PEAK_TFLOPS = {
     ("T4", "float32"): 8.1, ("T4", "float16"): 65.0,
     ("V100", "float32"): 15.7, ("V100", "float16"): 125.0,
-    ("A100", "float32"): 19.5, ("A100", "float16"): 312.0, ("A100", "bfloat16"): 312.0,
-    ("L4", "float32"): 30.3, ("L4", "float16"): 121.0, ("L4", "bfloat16"): 121.0,
-    ("H100", "float32"): 67.0, ("H100", "float16"): 989.0, ("H100", "bfloat16"): 989.0,
-    ("H200", "float32"): 67.0, ("H200", "float16"): 989.0, ("H200", "bfloat16"): 989.0,
+    ("A100", "float32"): 19.5, ("A100", "tf32"): 156.0,
+    ("A100", "float16"): 312.0, ("A100", "bfloat16"): 312.0,
+    ("L4", "float32"): 30.3, ("L4", "tf32"): 60.0,  # the sheet's 120 is with sparsity
+    ("L4", "float16"): 121.0, ("L4", "bfloat16"): 121.0,
+    ("H100", "float32"): 67.0, ("H100", "tf32"): 494.7,
+    ("H100", "float16"): 989.0, ("H100", "bfloat16"): 989.0,
+    ("H200", "float32"): 67.0, ("H200", "tf32"): 494.7,
+    ("H200", "float16"): 989.0, ("H200", "bfloat16"): 989.0,
 }
+# Memory bandwidth in GB/s of one GPU, first matching pattern wins. Source:
+# NVIDIA's data sheets; variants differ (A100 40 GB and 80 GB, V100S, H100
+# PCIe / SXM / NVL), so the patterns name the variant where it changes the
+# figure and otherwise take the fastest board, keeping the fraction a lower
+# bound. Whole words only: "L4" must not match an "L40S", "V100" not a "V100S".
+MEMORY_GB_PER_SECOND = (
+    (r"\bT4\b", 320.0), (r"\bV100\b", 900.0),
+    (r"\bA100\b.*\b80GB\b", 2039.0), (r"\bA100\b", 1555.0),
+    (r"\bL4\b", 300.0),
+    (r"\bH100 NVL\b", 3938.0), (r"\bH100\b", 3350.0), (r"\bH200\b", 4800.0),
+)
 
 
 def matmul_flops(w_shape=None, x_shape=None):
@@ -50,6 +81,19 @@ def matmul_flops(w_shape=None, x_shape=None):
     if (batch, k) != (batch_x, k_x):
         raise ValueError(f"shapes {w_shape} and {x_shape} do not multiply")
     return 2 * batch * m * n * k
+
+
+def bytes_moved(item_size, shapes=None):
+    """Bytes w @ x + b must move at least: w, x and b read once, the result written once.
+
+    An unfused matmul then add also writes and rereads the 1 GiB product, so
+    the real traffic can be larger; this count keeps the GB/s a lower bound.
+    """
+    shapes = shapes or SHAPES
+    (batch, m, _), (_, _, n) = shapes["w"], shapes["x"]
+    elements = (math.prod(shapes["w"]) + math.prod(shapes["x"])
+                + math.prod(shapes["b"]) + batch * m * n)
+    return elements * item_size
 
 
 def summarize(seconds, warmup):
@@ -65,34 +109,149 @@ def summarize(seconds, warmup):
             "repetitions": len(timed), "warmup": warmup}
 
 
-def _cpuinfo():
-    """/proc/cpuinfo as {field: [value per processor]}; empty where there is none."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, sep, value = line.partition(":")
-                if sep:
-                    fields.setdefault(key.strip(), []).append(value.strip())
-    except OSError:
-        pass
-    return fields
+def _cpuinfo(text=None):
+    """/proc/cpuinfo (or `text` in its format) as one {field: value} dict per processor."""
+    if text is None:
+        try:
+            with open("/proc/cpuinfo") as handle:
+                text = handle.read()
+        except OSError:
+            return []
+    processors = []
+    for block in text.split("\n\n"):
+        fields = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        if fields:
+            processors.append(fields)
+    return processors
 
 
-def cpu_peak_tflops():
-    """A rough float32 peak of this CPU: cores x clock x FLOPs/cycle, or None.
+def usable_cpus():
+    """The CPU numbers this process may run on (its affinity), not all the machine has."""
+    if hasattr(os, "sched_getaffinity"):  # Linux; containers and taskset narrow it
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
 
-    FLOPs per cycle per core assume two fused multiply-add units: 64 with
-    AVX-512, 32 with AVX2. Clock is the nominal one in /proc/cpuinfo; turbo
-    can exceed it, so treat this as an estimate, not a bound.
+
+def cpu_model(processors=None):
+    """The CPU's model string from /proc/cpuinfo, or what `platform` knows."""
+    import platform
+
+    processors = _cpuinfo() if processors is None else processors
+    models = [p["model name"] for p in processors if p.get("model name")]
+    return models[0] if models else platform.processor() or platform.machine()
+
+
+def flops_per_cycle(processor):
+    """Most float32 FLOPs one core can issue per cycle: FMA lanes x 2 x FMA units.
+
+    Two FMA units of 16 float32 lanes give 64 with AVX-512 on Intel (parts
+    with one 512-bit unit reach 32) and on AMD Zen 5 (family 26; its laptop
+    parts split AVX-512 in two, 32). Zen 4 (family 25) runs AVX-512 on
+    256-bit units: 32, as two AVX2 FMA units do. Older cores are lower, so
+    every value is an upper bound.
     """
-    info = _cpuinfo()
-    mhz = [float(value) for value in info.get("cpu MHz", [])]
-    flags = " " + " ".join(info.get("flags", []))
-    per_cycle = 64 if " avx512f" in flags else 32 if " avx2" in flags else 8
-    if not mhz:
+    flags = set(processor.get("flags", "").split())
+    family = processor.get("cpu family", "")
+    if "avx512f" in flags:
+        zen4_or_older = (processor.get("vendor_id") == "AuthenticAMD"
+                         and family.isdigit() and int(family) < 26)
+        return 32 if zen4_or_older else 64
+    if "avx2" in flags or "fma" in flags:
+        return 32
+    return 16 if "avx" in flags else 8
+
+
+def _cpufreq_max_mhz(cpus):
+    """The highest maximum clock the kernel's cpufreq gives for `cpus`, or None (VMs)."""
+    clocks = []
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq") as handle:
+                clocks.append(int(handle.read()) / 1000)  # kHz
+        except (OSError, ValueError):
+            pass
+    return max(clocks, default=None)
+
+
+def cpu_peak(processors=None, cpus=None, max_mhz=None):
+    """An upper bound on this process's float32 FLOP/s: cores x clock x FLOPs/cycle.
+
+    Cores are the physical cores behind the CPUs this process may use: SMT
+    siblings (more "siblings" than "cpu cores" in /proc/cpuinfo) share one
+    core's FMA units, so two vCPUs on one core count once. A hypervisor can
+    hide that the vCPUs are siblings on the host, which only makes the bound
+    looser. The clock is cpufreq's maximum where the kernel gives it (pass
+    `max_mhz` to fix it); otherwise /proc/cpuinfo's "cpu MHz", and then a
+    boost clock the machine does not show could exceed it. Returns a dict of
+    the figures, or None where /proc/cpuinfo says too little.
+    """
+    processors = _cpuinfo() if processors is None else processors
+    cpus = usable_cpus() if cpus is None else set(cpus)
+    mine = [p for p in processors if p.get("processor", "").isdigit()
+            and int(p["processor"]) in cpus]
+    mhz = [float(p["cpu MHz"]) for p in mine if p.get("cpu MHz")]
+    if not mine or not (mhz or max_mhz):
         return None
-    return (os.cpu_count() or 1) * max(mhz) * 1e6 * per_cycle / 1e12
+    first = mine[0]
+    siblings, per_package = first.get("siblings", ""), first.get("cpu cores", "")
+    smt = siblings.isdigit() and per_package.isdigit() and int(siblings) > int(per_package)
+    cores = (len({(p.get("physical id"), p.get("core id")) for p in mine}) if smt
+             else len(mine))
+    clock_source = "as given"
+    if max_mhz is None:
+        max_mhz, clock_source = _cpufreq_max_mhz(sorted(cpus)), "cpufreq maximum"
+    if max_mhz is None:
+        max_mhz = max(mhz)
+        clock_source = "/proc/cpuinfo's clock; a boost it does not show would raise this"
+    per_cycle = flops_per_cycle(first)
+    return {"tflops": cores * max_mhz * 1e6 * per_cycle / 1e12, "cores": cores,
+            "cpus": len(mine), "ghz": max_mhz / 1000, "flops_per_cycle": per_cycle,
+            "basis": f"{cores} core(s) x {max_mhz / 1000:.2f} GHz ({clock_source}) x "
+                     f"{per_cycle} float32 FLOP/cycle"}
+
+
+def gpu_peaks(name, dtype, devices, tf32_enabled):
+    """Upper bounds for `devices` GPUs called `name`: TFLOP/s and memory GB/s, both summed.
+
+    A float32 matmul on a chip with a "tf32" entry runs on TF32 tensor cores
+    while `tf.config.experimental.tensor_float_32_execution_enabled()`, so
+    that is its peak then; a plain-FP32 peak would let the fraction pass 100%.
+    """
+    chip = next((key for key, _ in PEAK_TFLOPS if re.search(rf"\b{key}\b", name)), None)
+    kind = "tf32" if (dtype == "float32" and tf32_enabled
+                      and (chip, "tf32") in PEAK_TFLOPS) else dtype
+    per_device = PEAK_TFLOPS.get((chip, kind))
+    bandwidth = next((value for pattern, value in MEMORY_GB_PER_SECOND
+                      if re.search(pattern, name)), None)
+    return {
+        "peak_tflops": per_device * devices if per_device else None,
+        "peak_basis": (f"{devices} x {per_device:g} TFLOP/s ({chip} {kind}, dense, "
+                       "NVIDIA data sheet)" if per_device
+                       else f"no {dtype} peak known for {name}"),
+        "memory_gb_per_second": bandwidth * devices if bandwidth else None,
+        "memory_basis": (f"{devices} x {bandwidth:g} GB/s (NVIDIA data sheet)"
+                         if bandwidth else f"no memory bandwidth known for {name}"),
+    }
+
+
+def cpu_peaks(dtype, rehearsal=0, peak=None):
+    """Upper bounds for a run on this CPU, however many logical devices share it."""
+    peak = cpu_peak() if peak is None else peak
+    note = (f"; the {rehearsal} logical devices share these cores, so not {rehearsal} x"
+            if rehearsal else "")
+    if dtype != "float32" or peak is None:
+        basis = f"no {dtype} peak for this CPU" if peak else "/proc/cpuinfo too sparse"
+        figures = {"peak_tflops": None, "peak_basis": basis + note}
+    else:
+        figures = {"peak_tflops": peak["tflops"], "peak_basis": peak["basis"] + note}
+    # nothing in /proc or /sys gives a CPU's memory bandwidth, and a guess
+    # from the memory type would be one in name only
+    return {**figures, "memory_gb_per_second": None,
+            "memory_basis": "not readable from the machine for a CPU"}
 
 
 def _sync():
@@ -104,28 +263,17 @@ def _sync():
         sync()
 
 
-def _device_name(device):
-    """The accelerator's name as TensorFlow reports it, for the peak lookup."""
+def _gpu_names():
+    """Each visible GPU's name as TensorFlow reports it, for the peak lookup."""
     import tensorflow as tf
 
-    if device == "gpu":
-        details = tf.config.experimental.get_device_details(
-            tf.config.list_physical_devices("GPU")[0])
-        return details.get("device_name", "GPU")
-    if device == "tpu":
-        return "TPU"
-    import platform
-
-    models = _cpuinfo().get("model name")
-    if models:
-        return f"{models[0]} ({os.cpu_count()} cores)"
-    return platform.processor() or platform.machine()
+    return [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+            for gpu in tf.config.list_physical_devices("GPU")]
 
 
 def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
                   tpu=None):
     """Time the article's op; return a dict of figures."""
-    import numpy as np
     import tensorflow as tf
 
     from pyimagesearch import strategy as strategies
@@ -170,30 +318,42 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
 
     stats = summarize(seconds, warmup)
     flops = matmul_flops()
-    out_bytes = int(np.prod(SHAPES["b"])) * tf_dtype.size
-    name = _device_name(device) if not rehearse else f"{rehearse} logical CPU devices"
-    peak = None
-    if device == "cpu" or rehearse:
-        peak = cpu_peak_tflops() if dtype == "float32" else None
+    moved = bytes_moved(tf_dtype.size)
+    batch, m, _ = SHAPES["w"]
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    cpus = usable_cpus()
+    if rehearse or device == "cpu":
+        name = (f"{rehearse} logical CPU devices on " if rehearse else "") + (
+            f"{cpu_model()}, {len(cpus)} CPUs")
+        peaks = cpu_peaks(dtype, rehearsal=rehearse or 0)
+    elif device == "gpu":
+        names = _gpu_names()
+        name = " + ".join(sorted(set(names)))
+        peaks = gpu_peaks(name, dtype, replicas, tf32) if len(set(names)) == 1 else {
+            "peak_tflops": None, "peak_basis": "GPUs of different kinds",
+            "memory_gb_per_second": None, "memory_basis": "GPUs of different kinds"}
     else:
-        # whole words only: "L4" must not match an "L40S"
-        peak = next((value for (key, kind), value in PEAK_TFLOPS.items()
-                     if re.search(rf"\b{key}\b", name) and kind == dtype), None)
+        name = "TPU"
+        peaks = {"peak_tflops": None, "peak_basis": "no table of TPU peaks here",
+                 "memory_gb_per_second": None, "memory_basis": "no table of TPU peaks here"}
     return {
         "device": device, "device_name": name, "rehearsal": bool(rehearse),
-        "replicas": replicas, "dtype": dtype, "flops": flops, "output_bytes": out_bytes,
+        "replicas": replicas, "dtype": dtype, "tf32_enabled": tf32,
+        "cpu_model": cpu_model(), "cpus_usable": len(cpus),
+        "flops": flops, "output_bytes": batch * m * SHAPES["x"][2] * tf_dtype.size,
+        "bytes_moved": moved,
         "naive_seconds": naive, "seconds": stats,
         "tflops": flops / stats["median"] / 1e12,
-        "output_gb_per_second": out_bytes / stats["median"] / 1e9,
+        "gb_per_second": moved / stats["median"] / 1e9,
         "naive_tflops": flops / naive / 1e12,
-        "peak_tflops": peak, "tensorflow_version": tf.__version__,
+        **peaks, "tensorflow_version": tf.__version__,
     }
 
 
 def report(result):
     """Human-readable lines for a result dict."""
     s = result["seconds"]
-    peak = result["peak_tflops"]
+    peak, bandwidth = result["peak_tflops"], result["memory_gb_per_second"]
     lines = [
         f"device: {result['device_name']} ({result['replicas']} replica(s)), "
         f"{result['dtype']}, TensorFlow {result['tensorflow_version']}",
@@ -202,10 +362,17 @@ def report(result):
         f"measured: median {s['median']:.6f} s over {s['repetitions']} runs "
         f"(min {s['min']:.6f}, q1 {s['q1']:.6f}, q3 {s['q3']:.6f}, max {s['max']:.6f}; "
         f"{s['warmup']} warm-up runs left out)",
-        f"          {result['tflops']:.3f} TFLOP/s, "
-        f"{result['output_gb_per_second']:.1f} GB/s of output written"
-        + (f"; peak {'~' if result['device'] == 'cpu' or result['rehearsal'] else ''}"
-           f"{peak:.2f} TFLOP/s ({100 * result['tflops'] / peak:.0f}% of it)" if peak else ""),
+        f"          {result['tflops']:.3f} TFLOP/s; {result['gb_per_second']:.1f} GB/s "
+        f"moved ({result['bytes_moved'] / 1e9:.2f} GB per run: w, x, b read, "
+        f"result written; {result['flops'] / result['bytes_moved']:.1f} FLOP/byte)",
+        "compute peak of all devices used, an upper bound: "
+        + (f"{peak:.4g} TFLOP/s = {result['peak_basis']}; "
+           f"{100 * result['tflops'] / peak:.0f}% of it" if peak
+           else f"none ({result['peak_basis']})"),
+        "memory bandwidth of all devices used, an upper bound: "
+        + (f"{bandwidth:.4g} GB/s = {result['memory_basis']}; "
+           f"{100 * result['gb_per_second'] / bandwidth:.0f}% of it" if bandwidth
+           else f"none ({result['memory_basis']})"),
     ]
     return "\n".join(lines)
 

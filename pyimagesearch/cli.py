@@ -11,7 +11,8 @@ import sys
 
 from pyimagesearch import config
 from pyimagesearch.data import SOURCES
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.outputs import figure_path
 
 EXIT_USER_ERROR = 2
 OPTIMIZERS = ("adam", "sgd")
@@ -87,9 +88,10 @@ def build_parser(device, description):
     parser.add_argument("--data-dir", default=None,
                         help="tensorflow_datasets data dir (default: $TFDS_DATA_DIR, "
                              "else tfds' own default)")
-    parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
-                        help="where the figure, run record and model go "
-                             "(default %(default)s)")
+    parser.add_argument("--output-dir", default=os.path.dirname(figure_path(device)) or ".",
+                        help="where the figure, run record and model go: a folder "
+                             "or a bucket, gs://... (default %(default)s, the folder "
+                             f"of config.{device.upper()}_IMG_PATH)")
     parser.add_argument("--seed", type=seed, default=config.SEED,
                         help="random seed (default %(default)s)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default=config.OPTIMIZER,
@@ -121,16 +123,30 @@ def check_output_file(path):
 
 
 def check_output_dir(path):
-    """Create `path` if needed and prove it is writable, before any training."""
+    """Create `path` if needed and prove it is writable, before any training.
+
+    Through tf.io.gfile, so a bucket (gs://...) is checked as what it is and
+    never becomes a local folder called "gs:".
+    """
+    import tensorflow as tf
+
+    from pyimagesearch.outputs import join
+    from pyimagesearch.quiet import native_stderr_quiet
+
+    expected = (OSError, tf.errors.OpError)
     try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test-{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as error:
+        # a bucket that cannot be reached also logs failed credential look-ups
+        with native_stderr_quiet(expected):
+            tf.io.gfile.makedirs(path)
+            probe = join(path, f".write-test-{os.getpid()}")
+            with tf.io.gfile.GFile(probe, "w") as handle:
+                handle.write("")
+            tf.io.gfile.remove(probe)
+    except expected as error:
+        hint = ("; is the bucket reachable, and are Google Cloud credentials set?"
+                if "://" in path else "")
         raise UserError(f"cannot write to output folder {path}: "
-                        f"{error.strerror or error}") from error
+                        f"{first_line(error)}{hint}") from error
 
 
 def run_main(main, argv=None):

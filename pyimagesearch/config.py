@@ -20,14 +20,19 @@ BATCH_SIZE = 128             # images per replica on CPU and GPU
 TPU_BATCH_SIZE = 1024        # global batch on TPU (128 per core on 8 cores)
 EPOCHS = 5                   # passes over TRAIN_IMAGES
 # a TPU step needs a full, evenly split batch, so TPU epochs are a fixed
-# number of steps over a repeated dataset
+# number of steps over a repeated dataset. train_tpu.py reads both values
+# when it runs with TPU_BATCH_SIZE (a --batch-size of its own derives them
+# from the batch instead, and --steps-per-epoch overrides the first).
 TPU_STEPS_PER_EPOCH = TRAIN_IMAGES // TPU_BATCH_SIZE          # 58
+# full batches of the validation split; at most one pass over it (on the
+# 500-digit sample, 1 batch that repeats digits)
 TPU_VALIDATION_STEPS = VALIDATION_IMAGES // TPU_BATCH_SIZE    # 9
 
-# steps run per call into the compiled train function: fewer round trips
-# from Python, which matters for a model this small (and for TPUs). The
-# largest divisor of the epoch's steps up to this value is used, since Keras
-# would otherwise run past the end of the epoch.
+# steps run per call into the compiled train function on CPU and GPU: fewer
+# round trips from Python, which matters for a model this small. The largest
+# divisor of the epoch's steps up to this value is used, since Keras would
+# otherwise run past the end of the epoch. A TPU runs a whole epoch per call:
+# each call is a blocking round trip to the TPU host.
 STEPS_PER_EXECUTION = 16
 
 # --- optimisation -----------------------------------------------------------
@@ -36,6 +41,9 @@ LEARNING_RATE = 1e-3         # Keras' default for Adam, so the article's value
 SEED = 42                    # the article's tf.random.set_seed(42)
 
 # --- outputs ----------------------------------------------------------------
+# Each script's default --output-dir is the folder of its figure, and the run
+# record and model take the figure's name (cpu.json, cpu.keras); a rehearsal
+# adds "_rehearsal" to it. --output-dir replaces the folder, not the name.
 BASE_IMG_PATH = "outputs"                                # figures, run records, models
 CPU_IMG_PATH = os.path.join(BASE_IMG_PATH, "cpu.png")    # written by train_cpu.py
 GPU_IMG_PATH = os.path.join(BASE_IMG_PATH, "gpu.png")    # written by train_gpu.py

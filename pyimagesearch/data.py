@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import UserError, first_line
 
 SOURCES = ("auto", "tfds", "sample")
 PREFETCH_BATCHES = 2  # batches prepared while the model trains on the current one
@@ -44,9 +44,15 @@ STAND_IN_MARKER = "STAND_IN_FROM_SAMPLE"
 class Source:
     """Where the images come from, and why that source was chosen."""
 
-    name: str       # "tfds" or "sample"
+    name: str       # "tfds" or "sample": how the images are read
     reason: str     # one human-readable sentence for the log and run record
     data_dir: str | None = None
+    stand_in: bool = False  # tfds files made by prepare_mnist.py --stand-in
+
+    @property
+    def label(self):
+        """What the run record and Table 1 call the data: never a stand-in as MNIST."""
+        return "stand-in" if self.stand_in else self.name
 
 
 def network_reachable(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS):
@@ -94,6 +100,18 @@ def tfds_prepared(dataName, data_dir):
         absl_logger.setLevel(level)
 
 
+def is_stand_in(dataName, data_dir):
+    """True if prepare_mnist.py --stand-in made the prepared `dataName` in `data_dir`.
+
+    The marker sits in the dataset's folder (`<data dir>/mnist/`); the data
+    dir may be tfds' default, so ask tfds where that folder is.
+    """
+    import tensorflow_datasets as tfds
+
+    versioned = tfds.builder(dataName, data_dir=data_dir).data_dir  # .../mnist/3.0.1
+    return tf.io.gfile.exists(os.path.join(os.path.dirname(versioned), STAND_IN_MARKER))
+
+
 def resolve_source(source="auto", dataName=config.DATA_NAME, data_dir=None):
     """Decide between tfds and the sample, quickly, and say why."""
     if source not in SOURCES:
@@ -103,11 +121,11 @@ def resolve_source(source="auto", dataName=config.DATA_NAME, data_dir=None):
         return Source("sample", "asked for with --data-source sample")
     where = data_dir or "tfds' default data dir"
     if tfds_prepared(dataName, data_dir):
-        marker = os.path.join(data_dir or "", dataName, STAND_IN_MARKER)
-        if data_dir and tf.io.gfile.exists(marker):
+        if is_stand_in(dataName, data_dir):
             return Source("tfds", f"{dataName} in {where} is a stand-in made by "
                           "prepare_mnist.py --stand-in (the sample tiled to "
-                          "60,000 images): for timing, not for quality", data_dir)
+                          "60,000 images): for timing, not for quality", data_dir,
+                          stand_in=True)
         return Source("tfds", f"{dataName} is prepared in {where}", data_dir)
     if network_reachable():
         return Source("tfds", f"{dataName} is not prepared in {where}; "
@@ -173,10 +191,8 @@ def _tfds_images(dataName, split, data_dir):
         batches = [images for images, _ in tfds.as_numpy(dataset.batch(10_000))]
     except (tf.errors.OpError, OSError) as error:
         # a corrupt or unreadable file, a failed download, a read-only dir
-        text = str(getattr(error, "message", None) or error).strip()
-        message = text.splitlines()[0] if text else type(error).__name__
         raise UserError(f"cannot read {dataName}/{split} from "
-                        f"{data_dir or 'the tfds data dir'}: {message}") from error
+                        f"{data_dir or 'the tfds data dir'}: {first_line(error)}") from error
     if not batches:
         raise UserError(f"{dataName}/{split} in {data_dir} is empty")
     return np.concatenate(batches)
@@ -210,17 +226,73 @@ def _to_pair(images):
     return images, images
 
 
-def make_pipeline(images, batchSize, shuffleSize=None, repeat=False,
-                  dropRemainder=False, seed=None):
-    """tf.data pipeline of (image, image) float batches from in-memory uint8 images."""
+def _replica_slices(dataset, input_context):
+    """Cut every global batch into per-replica slices; keep this pipeline's replicas.
+
+    Replica r of R takes rows [r * b/R, (r + 1) * b/R) of each batch of b
+    images. `distribute_datasets_from_function` hands a pipeline's elements to
+    its local replicas in turn, so the pipeline with id p of P yields the
+    slices of replicas p * R/P to (p + 1) * R/P - 1, in order. Every worker
+    reads the same seeded stream, so together the replicas see each global
+    batch once: no image twice in a step, none skipped. Every batch must hold a
+    multiple of R images (see `make_pipeline`).
+    """
+    replicas = input_context.num_replicas_in_sync
+    local = replicas // input_context.num_input_pipelines
+    first = input_context.input_pipeline_id * local
+
+    def slices(images):
+        batch = images.shape[0]  # known when batches are full: keep shapes static (TPU)
+        per_replica = batch // replicas if batch is not None else tf.shape(images)[0] // replicas
+        shaped = tf.reshape(images, [replicas, per_replica, *images.shape[1:]])
+        return shaped[first:first + local]
+
+    return dataset.map(slices).unbatch()
+
+
+def _seeded_passes(dataset, shuffle_size, seed, repeat):
+    """Pass k over `dataset` shuffled with its own seed, derived from `seed` and k.
+
+    A seeded `shuffle(reshuffle_each_iteration=True)` gives every new
+    iterator a new order, and Keras opens one to build the model before
+    training, so `fit` and the custom loop would start from different
+    orders. Here every iterator sees the same sequence of passes, each in a
+    fresh order: every process of a cluster reads the same global batches.
+    """
+    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    return passes.flat_map(lambda k: dataset.shuffle(
+        shuffle_size, seed=seed * 1_000_003 + k, reshuffle_each_iteration=False))
+
+
+def make_pipeline(images, batch_size, shuffle_size=None, repeat=False,
+                  drop_remainder=False, seed=None, batches=None, replicas=1,
+                  input_context=None):
+    """tf.data pipeline of (image, image) float batches from in-memory uint8 images.
+
+    `batch_size` is the global batch, shared by `replicas` replicas; a split
+    read without `drop_remainder` keeps a multiple of them (`usable_images`).
+    `batches` cuts the pipeline to that many batches. With `input_context`
+    (from `distribute_datasets_from_function`, which then gives the replica
+    count) it yields this input pipeline's per-replica slices of each batch.
+    """
+    if input_context is not None:
+        replicas = input_context.num_replicas_in_sync
+    if not drop_remainder:
+        images = images[:usable_images(len(images), replicas)]
     dataset = tf.data.Dataset.from_tensor_slices(images)
-    if shuffleSize:
-        dataset = dataset.shuffle(shuffleSize, seed=seed,
-                                  reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
+    if shuffle_size and seed is not None:
+        dataset = _seeded_passes(dataset, shuffle_size, seed, repeat)
+    else:
+        if shuffle_size:
+            dataset = dataset.shuffle(shuffle_size, reshuffle_each_iteration=True)
+        if repeat:
+            dataset = dataset.repeat()
     # batch first, then convert: one vectorised op per batch, not per image
-    dataset = dataset.batch(batchSize, drop_remainder=dropRemainder)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if batches is not None:
+        dataset = dataset.take(batches)
+    if input_context is not None:
+        dataset = _replica_slices(dataset, input_context)
     dataset = dataset.map(_to_pair)
     # two batches ready ahead of the model are plenty for in-memory data;
     # with nothing left to tune, autotuning (a background thread per
@@ -231,14 +303,27 @@ def make_pipeline(images, batchSize, shuffleSize=None, repeat=False,
     return dataset.with_options(options)
 
 
+def usable_images(count, replicas):
+    """How many of `count` images split into equal, non-empty shares per replica.
+
+    MirroredStrategy splits a short last batch unevenly unless it is a
+    multiple of the replicas (4 images on 3 replicas: 2, 2 and none), and a
+    replica with no images fails (a Conv2D on an empty batch on CPU) or
+    averages to NaN (GPU); so a finite split keeps a multiple of the replicas.
+    """
+    return count - count % replicas
+
+
 def get_data(dataName, split, batchSize, shuffleSize=None, source="auto",
-             dataDir=None, repeat=False, dropRemainder=False, seed=None):
+             data_dir=None, repeat=False, drop_remainder=False, seed=None,
+             batches=None, replicas=1, input_context=None):
     """Batched (image, image) pairs of one split; training data is shuffled.
 
     `shuffleSize` None (the default, used for validation) keeps the order.
+    `batches`, `replicas` and `input_context` are those of `make_pipeline`.
     """
     if source == "auto":
-        source = resolve_source("auto", dataName, dataDir).name
-    images = load_images(dataName, split, source, dataDir)
+        source = resolve_source("auto", dataName, data_dir).name
+    images = load_images(dataName, split, source, data_dir)
     return make_pipeline(images, batchSize, shuffleSize, repeat,
-                         dropRemainder, seed)
+                         drop_remainder, seed, batches, replicas, input_context)

@@ -7,3 +7,10 @@ class UserError(Exception):
     The scripts print its message as a single line on stderr and exit with
     status 2; anything else is a bug and keeps its traceback.
     """
+
+
+def first_line(error):
+    """The first line of an exception's message (an OSError's or TensorFlow's own text)."""
+    text = str(getattr(error, "strerror", None) or getattr(error, "message", None)
+               or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

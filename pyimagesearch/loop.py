@@ -10,17 +10,22 @@ in plain sight:
 - `strategy.run` runs one step on every replica, `strategy.reduce` adds the
   replicas' losses back up for the log.
 
-Selected with `--loop custom` on every training script; tests check that it
-gives the same weights as `fit` (tests/test_loss_scaling.py).
+The objective is `loss.per_image_mse`, the one `MSELoss` averages for
+`fit`. Selected with `--loop custom` on every training script; tests check
+that it gives the same weights and losses as `fit`
+(tests/test_loss_scaling.py).
 """
 import time
 
 import tensorflow as tf
 
+from pyimagesearch.loss import per_image_mse
 
-def per_image_mse(real, pred):
-    """Mean squared error of each image: shape (batch,)."""
-    return tf.reduce_mean(tf.square(real - pred), axis=[1, 2, 3])
+
+def execution_sizes(steps_per_epoch, steps_per_execution):
+    """Steps of each call into the compiled function, adding up to the epoch."""
+    full, rest = divmod(steps_per_epoch, steps_per_execution)
+    return [steps_per_execution] * full + ([rest] if rest else [])
 
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
@@ -28,7 +33,9 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
 
     `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
-    finite and read to its end after every epoch.
+    finite and read to its end after every epoch. Either may be a
+    tf.data.Dataset, which is distributed here, or already distributed
+    (`strategy.distribute_datasets_from_function`).
     """
     optimizer = model.optimizer
     with strategy.scope():
@@ -65,21 +72,21 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
         return (strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None),
                 strategy.reduce(tf.distribute.ReduceOp.SUM, counts, axis=None))
 
-    train_iterator = iter(strategy.experimental_distribute_dataset(trainDs))
+    train_iterator = iter(_distributed(strategy, trainDs))
+    val_batches = _distributed(strategy, valDs)
     history = {"loss": [], "val_loss": []}
     for epoch in range(epochs):
         for callback in callbacks:
             callback.on_epoch_begin(epoch)
         start = time.perf_counter()
         total = 0.0
-        for _ in range(steps_per_epoch // steps_per_execution):
-            total += float(train_steps(train_iterator, tf.constant(steps_per_execution)))
+        for count in execution_sizes(steps_per_epoch, steps_per_execution):
+            total += float(train_steps(train_iterator, tf.constant(count)))
         history["loss"].append(total / steps_per_epoch)
 
         for callback in callbacks:
             callback.on_test_begin()
         error_sum, count = 0.0, 0.0
-        val_batches = strategy.experimental_distribute_dataset(valDs)
         for batch in val_batches:
             batch_sum, batch_count = val_batch(batch)
             error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
@@ -92,3 +99,10 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                   f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
                   f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
     return history
+
+
+def _distributed(strategy, dataset):
+    """`dataset` split between the replicas, unless it already is."""
+    if isinstance(dataset, tf.data.Dataset):
+        return strategy.experimental_distribute_dataset(dataset)
+    return dataset

@@ -1,16 +1,34 @@
-"""The article's loss: mean squared error, divided by a scale.
+"""The article's loss: mean squared error, divided by a scale, defined once.
 
-Why the scale matters. Under a `tf.distribute` strategy with N replicas, Keras
-runs the loss once per replica on 1/N of the global batch and *sums* the
-replicas' gradients. Keras divides its own built-in losses (`"mse"`) by N for
-you. A loss that already returns a scalar, like this one, is left alone
-(checked with Keras 3.15, see tests/test_loss_scaling.py), so it must be
-divided by N itself: `MSELoss(scale=strategy.num_replicas_in_sync)`. With
-`scale=1`, as in the article's TPU listing, every update is N times too large
-and the loss Keras reports is N times too high.
+`per_image_mse` is the objective: the mean squared error of each image over
+its pixels. `MSELoss` (what `model.compile` gets) averages it over the
+replica's batch and divides by `scale`; the custom loop (`loop.py`) averages
+the same per-image values over the global batch with
+`tf.nn.compute_average_loss`. Both train the same number.
+
+Why the scale. Under a `tf.distribute` strategy with N replicas, Keras runs
+the loss once per replica on 1/N of the global batch and *sums* the
+replicas' gradients, so each replica's loss must be divided by N. tf.keras 2,
+which the article used, divided every compiled loss by N itself, so the
+article's `MSELoss(scale=1)` was right there. Keras 3 still divides its own
+losses (`"mse"`) but leaves a callable that already returns a scalar, like
+this one, alone (checked with Keras 3.15, see tests/test_loss_scaling.py):
+under Keras 3 it must be `MSELoss(scale=strategy.num_replicas_in_sync)`, or
+every update is N times too large.
 """
 import keras
 import tensorflow as tf
+
+
+def per_image_mse(real, pred):
+    """Mean squared error of each image over all its pixels: shape (batch,).
+
+    Computed in float32 whatever the model's compute precision, so a
+    mixed-precision model is trained on the same objective.
+    """
+    pred = tf.cast(pred, tf.float32)
+    squared = tf.math.squared_difference(tf.cast(real, tf.float32), pred)
+    return tf.reduce_mean(tf.reshape(squared, [tf.shape(squared)[0], -1]), axis=1)
 
 
 @keras.saving.register_keras_serializable(package="pyimagesearch")
@@ -21,13 +39,11 @@ class MSELoss:
         if scale <= 0:
             raise ValueError(f"scale must be positive, got {scale}")
         self.scale = scale
-        # reduction=None keeps one value per image (mean over the last axis
-        # only); the mean over the whole replica batch is taken below
-        self._mse = keras.losses.MeanSquaredError(reduction=None)
 
     def __call__(self, real, pred):
-        per_image = self._mse(real, pred)
-        return tf.reduce_mean(per_image) * (1.0 / self.scale)
+        # every image has as many pixels, so the mean of the per-image means
+        # is the mean over all pixels of the batch
+        return tf.reduce_mean(per_image_mse(real, pred)) * (1.0 / self.scale)
 
     def get_config(self):
         return {"scale": self.scale}

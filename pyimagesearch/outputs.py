@@ -1,29 +1,39 @@
 """Write a run's outputs so that a failed run never leaves a broken or missing file.
 
-Each output is written to a temporary file in the destination folder and
-moved over the old one with os.replace, which is atomic on one filesystem.
-A run stages all of its files first and replaces the old ones only when
-every file has been written.
+The outputs are written into a local scratch folder first (Matplotlib and
+Keras write local files), then copied next to their destination under
+temporary names and renamed over the old ones, all through `tf.io.gfile`, so
+the destination may be a local folder or a bucket (`gs://...`, or `ram://` in
+tests). Nothing is renamed until every file is written and copied: a failure
+leaves the old outputs as they were. A local rename is atomic; on a bucket a
+rename is a copy, which can fail half-way only between files.
 """
 import json
 import os
+import shutil
 import tempfile
 
 import matplotlib
+import tensorflow as tf
 
 matplotlib.use("Agg")  # no display needed; must precede any pyplot import
 from matplotlib.figure import Figure  # noqa: E402
 
 
-def _umask():
-    """The process umask (reading it means setting it, so set it straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def figure_path(device):
+    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH: where `device`'s figure goes."""
+    from pyimagesearch import config
+
+    return getattr(config, f"{device.upper()}_IMG_PATH")
+
+
+def join(folder, name):
+    """`folder`/`name` for a local path or a URL such as gs://bucket/out."""
+    return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
 
 
 class StagedOutputs:
-    """Collect temporary files, then move them all into place at once.
+    """Collect files in a scratch folder, then move them all into place at once.
 
     with StagedOutputs(folder) as staged:
         figure.savefig(staged.path("cpu.png"), format="png")
@@ -32,34 +42,41 @@ class StagedOutputs:
 
     def __init__(self, folder):
         self.folder = folder
-        self._staged = {}  # final path -> temporary path
+        self._names = []
 
     def path(self, name):
-        """A temporary path in the folder for the output called `name`."""
-        stem, suffix = os.path.splitext(name)
-        # keep the suffix: Keras insists that a model file ends in .keras
-        handle, temporary = tempfile.mkstemp(prefix=f".{stem}-", suffix=suffix,
-                                             dir=self.folder)
-        os.close(handle)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it owner-only
-        self._staged[os.path.join(self.folder, name)] = temporary
-        return temporary
+        """A local scratch path for the output called `name` (keeps its suffix)."""
+        self._names.append(name)
+        return os.path.join(self._scratch, name)
 
     def __enter__(self):
+        self._scratch = tempfile.mkdtemp(prefix="pyimagesearch-outputs-")
         return self
 
     def __exit__(self, kind, value, traceback):
         try:
             if kind is None:
-                for final, temporary in self._staged.items():
-                    os.replace(temporary, final)
+                self._publish()
         finally:
-            # nothing temporary stays behind, whether the run failed or a
-            # replace did
-            for temporary in self._staged.values():
-                if os.path.exists(temporary):
-                    os.remove(temporary)
+            shutil.rmtree(self._scratch, ignore_errors=True)
         return False
+
+    def _publish(self):
+        """Copy every staged file beside its destination, then rename them all."""
+        pid = os.getpid()
+        moves = [(join(self.folder, f".{name}.{pid}.tmp"), join(self.folder, name))
+                 for name in self._names]
+        try:
+            for name, (temporary, _) in zip(self._names, moves):
+                tf.io.gfile.copy(os.path.join(self._scratch, name), temporary,
+                                 overwrite=True)
+            for temporary, final in moves:
+                tf.io.gfile.rename(temporary, final, overwrite=True)
+        finally:
+            # nothing temporary stays behind, whether a copy or a rename failed
+            for temporary, _ in moves:
+                if tf.io.gfile.exists(temporary):
+                    tf.io.gfile.remove(temporary)
 
 
 def write_json(path, record):

@@ -18,11 +18,12 @@ import tensorflow as tf
 from pyimagesearch import config
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.data import (figure_digits, get_data, load_images, resolve_data_dir,
-                                resolve_source)
+                                resolve_source, usable_images)
 from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.outputs import StagedOutputs, reconstruction_figure, write_json
+from pyimagesearch.outputs import (StagedOutputs, figure_path, join, reconstruction_figure,
+                                   write_json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +51,22 @@ def plan_run(device, args, replicas, rehearsal=False):
     else:
         # CPU and GPU: the batch is per replica, the global batch grows with them
         global_batch = args.batch_size * replicas
-    steps = args.steps_per_epoch or config.TRAIN_IMAGES // global_batch
+    if args.steps_per_epoch:
+        steps = args.steps_per_epoch
+    elif device == "tpu" and global_batch == config.TPU_BATCH_SIZE:
+        steps = config.TPU_STEPS_PER_EPOCH  # the article's 58, or the reader's value
+    else:
+        steps = config.TRAIN_IMAGES // global_batch
     if steps < 1:
         raise UserError(f"a global batch of {global_batch} is larger than an epoch "
                         f"of {config.TRAIN_IMAGES} images; lower --batch-size or "
                         "set --steps-per-epoch")
-    name = f"{device}_rehearsal" if rehearsal else device
+    stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
+    name = f"{stem}_rehearsal" if rehearsal else stem
+    # a TPU runs the whole epoch per call: every call is a blocking round trip
+    execution = steps if device == "tpu" else steps_per_execution(steps)
     return RunPlan(device, name, rehearsal, replicas, global_batch, steps,
-                   steps_per_execution(steps), fixed_validation=device == "tpu")
+                   execution, fixed_validation=device == "tpu")
 
 
 def steps_per_execution(steps, limit=config.STEPS_PER_EXECUTION):
@@ -87,26 +96,55 @@ def scaled_learning_rate(learning_rate, scaling, global_batch_size,
     raise UserError(f"unknown learning-rate scaling {scaling!r}")
 
 
-def validation_data(plan, source, dataDir):
-    """The validation pipeline and its number of batches (None: one full pass).
+def distributed_input(strategy, build):
+    """`build(input_context)` as the strategy's input.
 
-    On CPU and GPU it is one pass over the split, the last batch partial. The
-    TPU configuration needs full, evenly split batches: the split is repeated
-    and cut to `len // global batch` of them (10,000 // 1024 = 9 on MNIST,
-    config.TPU_VALIDATION_STEPS; at least 1, which on the 500-digit sample
-    repeats digits). The cut is made in the dataset, not with Keras'
-    validation_steps, because Keras rounds those up to whole multiples of
-    steps_per_execution.
+    In one process `build(None)` gives whole global batches and Keras (or
+    the custom loop) splits each between the replicas. Across worker
+    processes every worker must build its own replicas' slices of the same
+    global batches, which `distribute_datasets_from_function` asks for.
     """
-    valDs = get_data(config.DATA_NAME, config.VALIDATION_FLAG,
-                     batchSize=plan.global_batch_size, source=source,
-                     dataDir=dataDir, repeat=plan.fixed_validation,
-                     dropRemainder=plan.fixed_validation)
-    if not plan.fixed_validation:
-        return valDs, None
-    count = len(load_images(config.DATA_NAME, config.VALIDATION_FLAG, source, dataDir))
-    steps = max(1, count // plan.global_batch_size)
-    return valDs.take(steps), steps
+    if getattr(strategy.extended, "_num_workers", 1) > 1:
+        return strategy.distribute_datasets_from_function(build)
+    return build(None)
+
+
+def training_data(strategy, plan, source, data_dir, seed):
+    """The repeated, shuffled training batches."""
+    return distributed_input(strategy, lambda context: get_data(
+        config.DATA_NAME, config.TRAIN_FLAG, batchSize=plan.global_batch_size,
+        shuffleSize=config.SHUFFLE_SIZE, source=source, data_dir=data_dir,
+        repeat=True, drop_remainder=True, seed=seed, input_context=context))
+
+
+def validation_data(strategy, plan, source, data_dir):
+    """The validation batches, their count (None: one pass) and how many images they hold.
+
+    On CPU and GPU it is one pass over the split, every batch split evenly
+    between the replicas: a split that is not a multiple of the replica count
+    leaves out its last few images (498 of 500 on 3 replicas) rather than
+    give a replica an empty batch. The TPU configuration needs full batches:
+    the split is repeated and cut to config.TPU_VALIDATION_STEPS batches when
+    the batch is config.TPU_BATCH_SIZE, else to `len // global batch`; never
+    more than one pass, never fewer than 1 batch (on the 500-digit sample one
+    batch of 1024 repeats digits). The cut is made in the dataset, not with
+    Keras' validation_steps, because Keras rounds those up to whole multiples
+    of steps_per_execution.
+    """
+    count = len(load_images(config.DATA_NAME, config.VALIDATION_FLAG, source, data_dir))
+    if plan.fixed_validation:
+        batches = max(1, count // plan.global_batch_size)
+        if plan.global_batch_size == config.TPU_BATCH_SIZE:
+            batches = max(1, min(config.TPU_VALIDATION_STEPS, batches))
+        images = batches * plan.global_batch_size
+    else:
+        batches, images = None, usable_images(count, plan.replicas)
+    valDs = distributed_input(strategy, lambda context: get_data(
+        config.DATA_NAME, config.VALIDATION_FLAG, batchSize=plan.global_batch_size,
+        source=source, data_dir=data_dir, repeat=plan.fixed_validation,
+        drop_remainder=plan.fixed_validation, batches=batches, replicas=plan.replicas,
+        input_context=context))
+    return valDs, batches, images
 
 
 def make_optimizer(name, learning_rate):
@@ -141,8 +179,16 @@ class EpochTimer(keras.callbacks.Callback):
 
 def _machine():
     """A short description of the machine, for the run record."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"platform": platform.platform(), "processor": platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+            "cpu_model": model, "cpu_count": cpus, "python": platform.python_version()}
 
 
 def run(args, strategy, device, rehearsal=False):
@@ -156,20 +202,22 @@ def run(args, strategy, device, rehearsal=False):
     plan = plan_run(device, args, numAcc, rehearsal)
     print(f"[INFO] global batch {plan.global_batch_size} "
           f"({plan.global_batch_size // numAcc} per replica), "
-          f"{plan.steps_per_epoch} steps per epoch")
+          f"{plan.steps_per_epoch} steps per epoch, "
+          f"{plan.steps_per_execution} per execution")
 
-    dataDir = resolve_data_dir(args.data_dir)
-    source = resolve_source(args.data_source, config.DATA_NAME, dataDir)
-    print(f"[INFO] data source: {source.name} ({source.reason})")
+    data_dir = resolve_data_dir(args.data_dir)
+    source = resolve_source(args.data_source, config.DATA_NAME, data_dir)
+    print(f"[INFO] data source: {source.label} ({source.reason})")
     print("[INFO] loading the training and validation datasets...")
-    trainDs = get_data(config.DATA_NAME, config.TRAIN_FLAG,
-                       batchSize=plan.global_batch_size,
-                       shuffleSize=config.SHUFFLE_SIZE, source=source.name,
-                       dataDir=dataDir, repeat=True, dropRemainder=True,
-                       seed=args.seed)
-    valDs, validationSteps = validation_data(plan, source.name, dataDir)
-    valImages = load_images(config.DATA_NAME, config.VALIDATION_FLAG,
-                            source.name, dataDir)
+    trainDs = training_data(strategy, plan, source.name, data_dir, args.seed)
+    valDs, validationSteps, validationImages = validation_data(
+        strategy, plan, source.name, data_dir)
+    valSplit = load_images(config.DATA_NAME, config.VALIDATION_FLAG, source.name, data_dir)
+    if validationImages != len(valSplit):
+        print(f"[INFO] val_loss is the mean over {validationImages:,} images of the "
+              f"{len(valSplit):,} in the validation split "
+              + ("(repeated to full batches)" if validationImages > len(valSplit) else
+                 f"(a multiple of the {numAcc} replicas)"))
 
     learning_rate = scaled_learning_rate(args.learning_rate, args.lr_scaling,
                                          plan.global_batch_size)
@@ -196,36 +244,45 @@ def run(args, strategy, device, rehearsal=False):
         else:
             history = model.fit(trainDs, epochs=args.epochs,
                                 steps_per_epoch=plan.steps_per_epoch,
-                                validation_data=valDs,
-                                callbacks=[timer], shuffle=False, verbose=1).history
+                                validation_data=valDs, callbacks=[timer],
+                                shuffle=False, verbose=1).history
 
     # the same validation digits on every device and in compare.py
     print("[INFO] evaluating the model...")
-    testIm = figure_digits(valImages)
+    testIm = figure_digits(valSplit)
     predIm = model.predict(tf.data.Dataset.from_tensors(testIm), verbose=0)
 
-    record = {
+    record = run_record(args, strategy, plan, source, data_dir, history, timer,
+                        learning_rate, started)
+    record.update(validation_steps=validationSteps, validation_images=validationImages,
+                  validation_split_images=int(len(valSplit)))
+    save_outputs(args.output_dir, plan.name, record, model, testIm, predIm)
+    return record
+
+
+def run_record(args, strategy, plan, source, data_dir, history, timer, learning_rate,
+               started):
+    """The run record: what ran, on what, with which data, and how it went."""
+    return {
         "device": plan.device,
         "name": plan.name,
         "rehearsal": plan.rehearsal,
         "strategy": type(strategy).__name__,
-        "replicas": numAcc,
+        "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
-        "per_replica_batch_size": plan.global_batch_size // numAcc,
+        "per_replica_batch_size": plan.global_batch_size // plan.replicas,
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
-        "validation_steps": validationSteps,
         "epochs": args.epochs,
         "loop": args.loop,
         "optimizer": args.optimizer,
         "learning_rate": learning_rate,
         "learning_rate_scaling": args.lr_scaling,
         "seed": args.seed,
-        "data_source": source.name,
+        "data_source": source.label,
         "data_source_reason": source.reason,
         "train_images": int(len(load_images(config.DATA_NAME, config.TRAIN_FLAG,
-                                            source.name, dataDir))),
-        "validation_images": int(len(valImages)),
+                                            source.name, data_dir))),
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,
         "epoch_seconds": timer.epoch_seconds,
@@ -239,15 +296,15 @@ def run(args, strategy, device, rehearsal=False):
         "started_at": started.isoformat(timespec="seconds"),
     }
 
-    # write everything to temporary files first; replace the old outputs only
-    # when all three are written, so a failure leaves the old ones intact
+
+def save_outputs(folder, name, record, model, testIm, predIm):
+    """Write figure, record and model; the old ones are replaced only when all are written."""
     print("[INFO] saving the predicted images, run record and model...")
-    title = f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}"
-    with StagedOutputs(args.output_dir) as staged:
+    title = f"{name}: val_loss {record['val_loss'][-1]:.4f}"
+    with StagedOutputs(folder) as staged:
         figure = reconstruction_figure(testIm, predIm, title=title)
-        figure.savefig(staged.path(f"{plan.name}.png"), format="png", dpi=80)
-        write_json(staged.path(f"{plan.name}.json"), record)
-        model.save(staged.path(f"{plan.name}.keras"))
+        figure.savefig(staged.path(f"{name}.png"), format="png", dpi=80)
+        write_json(staged.path(f"{name}.json"), record)
+        model.save(staged.path(f"{name}.keras"))
     for suffix in ("png", "json", "keras"):
-        print(f"[INFO] wrote {os.path.join(args.output_dir, plan.name)}.{suffix}")
-    return record
+        print(f"[INFO] wrote {join(folder, name)}.{suffix}")

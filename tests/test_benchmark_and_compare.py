@@ -7,37 +7,8 @@ import sys
 import pytest
 
 import compare
-import matmul_benchmark
 import train_cpu
 import train_tpu
-
-
-def test_flop_count_of_the_articles_shapes():
-    assert matmul_benchmark.matmul_flops() == 2 * 1024 * 512 * 512 * 16 == 8_589_934_592
-    with pytest.raises(ValueError):
-        matmul_benchmark.matmul_flops((4, 2, 3), (4, 5, 6))
-
-
-def test_statistics_leave_out_the_warm_up():
-    seconds = [9.0, 8.0, 1.0, 3.0, 2.0, 4.0, 5.0]
-    stats = matmul_benchmark.summarize(seconds, warmup=2)
-    assert stats["median"] == 3.0 and stats["repetitions"] == 5
-    assert (stats["min"], stats["max"]) == (1.0, 5.0)
-    with pytest.raises(ValueError):
-        matmul_benchmark.summarize([1.0, 2.0], warmup=2)
-
-
-def test_a_tiny_benchmark_run_reports_both_timings(monkeypatch):
-    monkeypatch.setattr(matmul_benchmark, "SHAPES",
-                        {"w": (8, 16, 4), "x": (8, 4, 16), "b": (8, 16, 16)})
-    result = matmul_benchmark.run_benchmark("cpu", repeats=3, warmup=1)
-    assert result["flops"] == 2 * 8 * 16 * 16 * 4
-    assert result["output_bytes"] == 8 * 16 * 16 * 4  # float32
-    assert result["seconds"]["repetitions"] == 3 and result["seconds"]["warmup"] == 1
-    assert result["tflops"] == pytest.approx(
-        result["flops"] / result["seconds"]["median"] / 1e12)
-    text = matmul_benchmark.report(result)
-    assert "naive" in text and "median" in text
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ def _fresh_caches():
 def test_get_data_through_tfds_load(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
         ds = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=16,
-                           shuffleSize=64, source="tfds", dataDir=str(tmp_path))
+                           shuffleSize=64, source="tfds", data_dir=str(tmp_path))
         batches = list(ds)
     assert [len(x) for x, _ in batches] == [16, 16, 8]
     images, targets = batches[0]
@@ -52,7 +52,7 @@ def test_sample_validation_holds_every_digit_in_proportion():
 
 def test_training_pipeline_shuffles_repeats_and_keeps_full_batches():
     kwargs = dict(dataName=config.DATA_NAME, split=config.TRAIN_FLAG, batchSize=1000,
-                  source="sample", repeat=True, dropRemainder=True)
+                  source="sample", repeat=True, drop_remainder=True)
     shuffled = data.get_data(shuffleSize=4500, seed=3, **kwargs)
     ordered = data.get_data(**kwargs)
     first = [x.numpy() for x, _ in shuffled.take(6)]  # 6,000 > 4,500: repeats
@@ -107,16 +107,60 @@ def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):
 
 def test_a_stand_in_dataset_is_labelled_as_one(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "tfds_prepared", lambda name, data_dir: True)
-    assert "stand-in" not in data.resolve_source("tfds", "mnist", str(tmp_path)).reason
+    real = data.resolve_source("tfds", "mnist", str(tmp_path))
+    assert "stand-in" not in real.reason and real.label == "tfds"
     (tmp_path / "mnist").mkdir()
     (tmp_path / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
     source = data.resolve_source("auto", "mnist", str(tmp_path))
     assert source.name == "tfds" and "stand-in" in source.reason
+    assert source.label == "stand-in"  # what the run record and Table 1 show
 
 
-def test_prepare_mnist_refuses_a_prepared_data_dir(tmp_path, monkeypatch):
-    import prepare_mnist
+def test_a_stand_in_in_tfds_default_data_dir_is_found(tmp_path, monkeypatch):
+    # no data dir given: tfds' own default is where the marker must be looked for
+    class Builder:
+        data_dir = str(tmp_path / "default" / "mnist" / "3.0.1")
 
-    monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
-    with pytest.raises(UserError, match="already prepared"):
-        prepare_mnist.prepare(str(tmp_path), idx_folder=None)
+    monkeypatch.setattr(tfds, "builder", lambda name, data_dir=None: Builder())
+    monkeypatch.setattr(data, "tfds_prepared", lambda name, data_dir: True)
+    assert data.resolve_source("auto", "mnist", None).label == "tfds"
+    (tmp_path / "default" / "mnist").mkdir(parents=True)
+    (tmp_path / "default" / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
+    assert data.resolve_source("auto", "mnist", None).label == "stand-in"
+
+
+def test_training_data_is_reshuffled_every_epoch():
+    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
+    dataset = data.make_pipeline(train, batch_size=4500, shuffle_size=4500,
+                                 repeat=True, drop_remainder=True, seed=5)
+    first, second = [(images.numpy() * 255).round().astype(np.uint8)
+                     for images, _ in dataset.take(2)]
+    keys = {row.tobytes() for row in train}
+    # each epoch is the whole split once, in a new order
+    assert {row.tobytes() for row in first} == keys == {row.tobytes() for row in second}
+    assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize("replicas", [3, 4])
+def test_each_replica_gets_its_slice_of_every_global_batch(replicas):
+    import tensorflow as tf
+
+    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
+    whole = [images.numpy() for images, _ in data.make_pipeline(
+        train, batch_size=12, shuffle_size=100, repeat=True, drop_remainder=True,
+        seed=1).take(3)]
+    for pipelines in (1, replicas):
+        local = replicas // pipelines
+        for pipeline in range(pipelines):
+            context = tf.distribute.InputContext(pipelines, pipeline, replicas)
+            pieces = [images.numpy() for images, _ in data.make_pipeline(
+                train, batch_size=12, shuffle_size=100, repeat=True, drop_remainder=True,
+                seed=1, input_context=context).take(3 * local)]
+            per = 12 // replicas
+            for step in range(3):
+                for offset in range(local):
+                    replica = pipeline * local + offset
+                    np.testing.assert_array_equal(
+                        pieces[step * local + offset],
+                        whole[step][replica * per:(replica + 1) * per])
+

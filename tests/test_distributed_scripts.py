@@ -7,6 +7,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import train_cpu
 import train_gpu
@@ -29,6 +30,7 @@ def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
                                    "--output-dir", str(tmp_path)])
     record = json.loads((tmp_path / "gpu_rehearsal.json").read_text())
     assert (record["replicas"], record["global_batch_size"]) == (2, 256)
+    assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     assert record["rehearsal"] is True and record["strategy"] == "MirroredStrategy"
     cpu, gpu = _weights(tmp_path / "cpu.keras"), _weights(tmp_path / "gpu_rehearsal.keras")
     for a, b in zip(cpu, gpu):
@@ -46,6 +48,7 @@ def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path, loop):
     record = json.loads((tmp_path / "tpu_rehearsal.json").read_text())
     assert record["replicas"] == 4 and record["global_batch_size"] == 64
     assert record["per_replica_batch_size"] == 16 and record["validation_steps"] == 500 // 64
+    assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     assert record["loop"] == loop and record["device"] == "tpu"
     assert (tmp_path / "tpu_rehearsal.png").exists() and not (tmp_path / "tpu.png").exists()
 
@@ -58,22 +61,27 @@ def test_tpu_defaults_are_the_articles():
     assert plan.global_batch_size // plan.replicas == 128 and plan.fixed_validation
 
 
+ONE_DEVICE = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
 @pytest.mark.parametrize("batch, steps", [(64, 7), (1024, 1)])
 def test_tpu_validation_is_exactly_the_recorded_full_batches(batch, steps):
     # Keras would round validation_steps up to whole steps_per_execution, so
     # the count is fixed in the dataset itself: read to its end, it has `steps`
     args = cli.build_parser("tpu", "").parse_args(["--batch-size", str(batch)])
     plan = plan_run("tpu", args, replicas=4)
-    dataset, recorded = validation_data(plan, "sample", None)
-    sizes = [len(images) for images, _ in dataset]
-    assert recorded == steps and sizes == [batch] * steps
+    dataset, recorded, images = validation_data(ONE_DEVICE, plan, "sample", None)
+    sizes = [len(batch_images) for batch_images, _ in dataset]
+    assert recorded == steps and sizes == [batch] * steps and images == batch * steps
     assert config.TPU_VALIDATION_STEPS == config.VALIDATION_IMAGES // 1024 == 9
 
 
 def test_cpu_validation_is_one_full_pass():
     args = cli.build_parser("cpu", "").parse_args([])
-    dataset, recorded = validation_data(plan_run("cpu", args, replicas=1), "sample", None)
-    assert recorded is None and sum(len(images) for images, _ in dataset) == 500
+    plan = plan_run("cpu", args, replicas=1)
+    dataset, recorded, images = validation_data(ONE_DEVICE, plan, "sample", None)
+    assert recorded is None and images == 500
+    assert sum(len(batch_images) for batch_images, _ in dataset) == 500
 
 
 def test_gpu_global_batch_grows_with_the_replicas():
@@ -114,3 +122,46 @@ def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint, f
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and hint in lines[0] and "--rehearse" in lines[0], result.stderr
     assert (tmp_path / figure).read_text() == "earlier"
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
+    # 500 validation digits, a global batch of 498 over 3 replicas: the last
+    # batch of 2 would leave a replica empty (a Conv2D error on CPU, NaN on GPU)
+    train_gpu.main(["--rehearse", "3", "--batch-size", "166", "--epochs", "1",
+                    "--steps-per-epoch", "2", "--data-source", "sample", "--loop", loop,
+                    "--output-dir", str(tmp_path)])
+    record = json.loads((tmp_path / "gpu_rehearsal.json").read_text())
+    assert (record["replicas"], record["global_batch_size"]) == (3, 498)
+    assert (record["validation_images"], record["validation_split_images"]) == (498, 500)
+    assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
+    # val_loss is the mean squared error over exactly the first 498 digits
+    from pyimagesearch import data
+
+    digits = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")[:498]
+    digits = digits.astype("float32") / 255.0
+    model = keras.saving.load_model(tmp_path / "gpu_rehearsal.keras")
+    expected = float(np.mean((model.predict(digits, verbose=0) - digits) ** 2))
+    assert record["val_loss"][-1] == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_tpu_runs_a_whole_epoch_per_execution():
+    args = cli.build_parser("tpu", "").parse_args([])
+    plan = plan_run("tpu", args, replicas=8)
+    assert plan.steps_per_execution == plan.steps_per_epoch == 58  # not 2 x 29
+
+
+def test_config_edits_change_the_tpu_run(tmp_path, monkeypatch):
+    # a reader edits config.py, as the article suggests for the blur
+    monkeypatch.setattr(config, "TPU_BATCH_SIZE", 64)
+    monkeypatch.setattr(config, "TPU_STEPS_PER_EPOCH", 7)
+    monkeypatch.setattr(config, "TPU_VALIDATION_STEPS", 3)
+    monkeypatch.setattr(config, "TPU_IMG_PATH", str(tmp_path / "figures" / "my_tpu.png"))
+    train_tpu.main(["--rehearse", "4", "--epochs", "1", "--data-source", "sample"])
+    record = json.loads((tmp_path / "figures" / "my_tpu_rehearsal.json").read_text())
+    assert (record["global_batch_size"], record["steps_per_epoch"]) == (64, 7)
+    assert (record["validation_steps"], record["validation_images"]) == (3, 192)
+    assert (tmp_path / "figures" / "my_tpu_rehearsal.png").exists()
+    # a flag still overrides the config
+    args = cli.build_parser("tpu", "").parse_args(["--steps-per-epoch", "5"])
+    assert plan_run("tpu", args, replicas=4).steps_per_epoch == 5

@@ -122,3 +122,50 @@ def test_steps_per_execution_divides_the_epoch(steps, expected):
     from pyimagesearch.train import steps_per_execution
 
     assert steps_per_execution(steps, limit=16) == expected
+
+
+def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
+    histories = {}
+    for loop in ("fit", "custom"):
+        train_cpu.main(TINY + ["--loop", loop, "--output-dir", str(tmp_path / loop)])
+        histories[loop] = json.loads((tmp_path / loop / "cpu.json").read_text())
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(histories["custom"][key], histories["fit"][key],
+                                   rtol=1e-4)
+        assert histories["fit"][key][-1] < histories["fit"][key][0]  # it learns
+
+
+def test_epoch_timer_separates_training_from_validation(monkeypatch):
+    from pyimagesearch import train
+
+    clock = iter([10.0, 13.0, 14.5,   # epoch 1: begin, validation begins, end
+                  20.0, 22.0])        # epoch 2: begin, end (no validation)
+    monkeypatch.setattr(train.time, "perf_counter", lambda: next(clock))
+    timer = train.EpochTimer()
+    timer.on_epoch_begin(0)
+    timer.on_test_begin()
+    timer.on_test_begin()  # a second evaluation pass does not move the mark
+    timer.on_epoch_end(0)
+    timer.on_epoch_begin(1)
+    timer.on_epoch_end(1)
+    assert timer.epoch_seconds == [4.5, 2.0]
+    assert timer.train_seconds == [3.0, 2.0]
+
+
+def test_custom_loop_runs_every_step_of_an_uneven_epoch():
+    import tensorflow as tf
+
+    from pyimagesearch.autoencoder import AutoEncoder
+    from pyimagesearch.loop import execution_sizes, fit_custom
+    from pyimagesearch.loss import MSELoss
+
+    assert execution_sizes(10, 4) == [4, 4, 2] and execution_sizes(8, 4) == [4, 4]
+    images = np.zeros((8, 28, 28, 1), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices((images, images)).batch(4)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = AutoEncoder()
+        model.compile(loss=MSELoss(), optimizer="sgd")
+    fit_custom(model, strategy, dataset.repeat(), dataset, epochs=1, steps_per_epoch=5,
+               global_batch_size=4, steps_per_execution=3, verbose=False)
+    assert int(model.optimizer.iterations) == 5  # 3 + 2, none dropped

@@ -1,0 +1,60 @@
+"""benchmark_pipeline.py end to end on a tiny stand-in MNIST: the JSON it writes adds up.
+
+Seconds are only checked for being positive and consistent with each other;
+how fast this machine is is not a test.
+"""
+import json
+import statistics
+
+import pytest
+
+import benchmark_pipeline
+import prepare_mnist
+from pyimagesearch import config, data
+
+SETUPS = {"article-style", "efficient pipeline", "train_cpu.py"}
+KEYS = {"seconds", "median_seconds", "speedup_over_article_style", "steps", "trials",
+        "steps_per_execution", "batch_size", "data"}
+
+
+@pytest.fixture
+def tiny_mnist(tmp_path, monkeypatch):
+    """A tfds data dir holding a 300 + 20 image stand-in, made by prepare_mnist.py."""
+    monkeypatch.setattr(config, "TRAIN_IMAGES", 300)
+    monkeypatch.setattr(config, "VALIDATION_IMAGES", 20)
+    data_dir = tmp_path / "tfds"
+    prepare_mnist.prepare(str(data_dir))
+    data.load_images.cache_clear()
+    yield data_dir
+    data.load_images.cache_clear()  # let go of the images of a deleted folder
+
+
+def test_a_short_benchmark_writes_consistent_figures(tiny_mnist, tmp_path, capsys):
+    out_file = tmp_path / "out" / "pipeline.json"
+    benchmark_pipeline.main(["--data-dir", str(tiny_mnist), "--steps", "3",
+                             "--trials", "2", "--json", str(out_file)])
+    figures = json.loads(out_file.read_text())
+    assert set(figures) == KEYS
+    assert figures["steps"] == 3 and figures["trials"] == 2
+    assert figures["steps_per_execution"] == 3  # the largest divisor of 3 up to 16
+    assert figures["batch_size"] == config.BATCH_SIZE
+    assert "stand-in" in figures["data"]
+    for table in ("seconds", "median_seconds", "speedup_over_article_style"):
+        assert set(figures[table]) == SETUPS
+    baseline = figures["median_seconds"]["article-style"]
+    for name in SETUPS:
+        seconds = figures["seconds"][name]
+        assert len(seconds) == 2 and all(value > 0 for value in seconds)
+        assert figures["median_seconds"][name] == pytest.approx(statistics.median(seconds))
+        assert figures["speedup_over_article_style"][name] == pytest.approx(
+            baseline / figures["median_seconds"][name])
+    assert figures["speedup_over_article_style"]["article-style"] == pytest.approx(1.0)
+    out = capsys.readouterr().out
+    assert "epoch of 3 steps" in out and out.count("[INFO] trial") == 6
+
+
+def test_steps_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_pipeline.main(["--data-dir", str(tmp_path), "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "--steps" in capsys.readouterr().err
