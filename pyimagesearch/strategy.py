@@ -3,9 +3,13 @@
 Device set-up in TensorFlow must happen before its runtime starts (the first
 op), so each training script builds its strategy first thing after parsing
 flags. Every failure a user can cause (no GPU, no TPU, a bad rehearsal
-count) raises UserError with a line that says what to do instead.
+count) raises UserError with a line that says what went wrong, in
+TensorFlow's own words where it gave any, and what to do instead.
 """
 import os
+import re
+import sys
+import threading
 
 import tensorflow as tf
 
@@ -30,13 +34,76 @@ def cpu_strategy():
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
+# How TensorFlow logs a line (the level letter, then the message):
+# "E0000 00:00:1796065747.16    7071 cuda_platform.cc:52] failed call to ..." (TF 2.21)
+# "2026-11-30 19:11:58.56: E external/.../cuda_platform.cc:51] failed call ..." (TF 2.20)
+_LOG_LINE = re.compile(r"^(?:(?P<absl>[IWEF])\d{4} [\d:.]+ +\d+"
+                       r"|[\d-]+ [\d:.]+: (?P<tsl>[IWEF]))"
+                       r" \S+:\d+\] (?P<message>.*)")
+
+# What TensorFlow logs while it looks for GPUs, and what it means (seen with
+# TF 2.20 and 2.21 on a machine without a GPU; the texts are in
+# libtensorflow_framework.so):
+# - "failed call to cuInit: ... UNKNOWN ERROR (303)": libcuda.so.1, the NVIDIA
+#   driver, could not be loaded, so CUDA's stub cannot even name the error;
+#   "... CUDA_ERROR_NO_DEVICE": a driver but no GPU. Both just mean no GPU.
+#   Any other cuInit failure is a driver that is there but broken.
+# - "Cannot dlopen some GPU libraries": logged once a GPU has been counted,
+#   when CUDA's runtime libraries (cudart, cuDNN, cuBLAS, ...) are missing.
+# - "Ignoring visible gpu device": a GPU this build does not support.
+# "Could not find cuda drivers on your machine" comes from cudart_stub.cc at
+# import when libcudart is missing, with or without a driver: it decides nothing.
+_NO_GPU_SIGNS = ("UNKNOWN ERROR (", "CUDA_ERROR_NO_DEVICE")
+_REHEARSE_GPU = "use --rehearse N to rehearse this run on N logical CPU devices"
+
+
+def _log_messages(text):
+    """(level, message) for each TensorFlow log line in `text`; level is I, W, E or F."""
+    messages = []
+    for line in text.splitlines():
+        match = _LOG_LINE.match(line)
+        if match:
+            messages.append((match["absl"] or match["tsl"], match["message"].strip()))
+    return messages
+
+
+def _no_gpu_message(log):
+    """One line on why TensorFlow listed no GPU, from what it logged while looking."""
+    messages = _log_messages(log)
+
+    def said(needle):
+        return next((message for _, message in messages if needle in message), None)
+
+    dlopen = said("Cannot dlopen some GPU libraries")
+    if dlopen:
+        first_sentence = dlopen.split(". ")[0].rstrip(".") + "."
+        return ("a GPU is present but TensorFlow cannot load its CUDA libraries "
+                f'(TensorFlow said: "{first_sentence}"); install them with '
+                f'pip install "tensorflow[and-cuda]", or {_REHEARSE_GPU}')
+    ignored = said("Ignoring visible gpu device")
+    if ignored:
+        return ("a GPU is present but TensorFlow will not use it "
+                f'(TensorFlow said: "{ignored}"); {_REHEARSE_GPU}')
+    cuinit = said("failed call to cuInit")
+    if cuinit and not any(sign in cuinit for sign in _NO_GPU_SIGNS):
+        return ("the NVIDIA driver is there but CUDA would not start "
+                f'(TensorFlow said: "{cuinit}"); check the driver with nvidia-smi, '
+                f"or {_REHEARSE_GPU}")
+    # an error we do not know yet: still worth showing, in TensorFlow's words
+    errors = [message for level, message in messages if level in "EF"
+              and not any(sign in message for sign in _NO_GPU_SIGNS)]
+    if errors:
+        return (f'no GPU is visible to TensorFlow (it said: "{errors[0]}"); '
+                f"{_REHEARSE_GPU}")
+    return f"no GPU is visible to TensorFlow; {_REHEARSE_GPU}"
+
+
 def gpu_strategy():
     """MirroredStrategy over every visible GPU (one GPU is the article's case)."""
-    with native_stderr_quiet():
+    with native_stderr_quiet() as captured:
         gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        raise UserError("no GPU is visible to TensorFlow; use --rehearse N to "
-                        "rehearse this run on N logical CPU devices")
+        raise UserError(_no_gpu_message(captured.text()))
     return tf.distribute.MirroredStrategy()
 
 
@@ -49,15 +116,19 @@ def _no_autotune_on_device_buffers():
     epochs: with 8 logical CPU devices (TF 2.21) epochs of 6 s took 20 to
     140 s, the process idle, and the end of training stalled for minutes.
     With autotuning off there, epochs take 6.5 s. The hook is private
-    TensorFlow API, so where it is missing nothing is changed.
+    TensorFlow API: where it is missing nothing is changed, and a warning
+    says so once, since rehearsals may then stall again.
     """
     try:
         from tensorflow.python.data.ops import multi_device_iterator_ops as ops
     except ImportError:
-        return
+        ops = None
     original = getattr(ops, "_create_device_dataset", None)
-    if original is None or getattr(original, "_pyimagesearch", False):
+    if original is None:
+        _warn_hook_missing()
         return
+    if getattr(original, "_pyimagesearch", False):
+        return  # patched already (a second rehearsal in one process)
     options = tf.data.Options()
     options.autotune.enabled = False
 
@@ -66,6 +137,19 @@ def _no_autotune_on_device_buffers():
 
     create_device_dataset._pyimagesearch = True
     ops._create_device_dataset = create_device_dataset
+
+
+_hook_missing_warned = False
+
+
+def _warn_hook_missing():
+    """Say once per process that the rehearsal stall fix is switched off."""
+    global _hook_missing_warned
+    if not _hook_missing_warned:
+        _hook_missing_warned = True
+        print("warning: this TensorFlow has no multi_device_iterator_ops."
+              "_create_device_dataset to turn autotuning off on per-device input "
+              "buffers, so rehearsal epochs may stall for minutes", file=sys.stderr)
 
 
 def rehearsal_strategy(replicas):
@@ -96,6 +180,27 @@ def rehearsal_strategy(replicas):
         devices[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
+TPU_LOOKUP_TIMEOUT_S = 60  # s; how long the TPU lookup may wait on Google Cloud
+_REHEARSE_TPU = "use --rehearse 8 to rehearse on 8 logical CPU devices"
+# OSError: a resolver that asks Google Cloud's metadata server off Cloud
+_TPU_ERRORS = (ValueError, RuntimeError, OSError, tf.errors.OpError)
+
+
+def _first_line(error):
+    """The first line of an exception's message, or its type if it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _tpu_label(tpu):
+    """How a message names the TPU: the name TPUClusterResolver was given or reads."""
+    name = (tpu or os.environ.get("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS")
+            or os.environ.get("TPU_NAME"))
+    if name == "local":
+        return "the TPU on this machine"
+    return f"TPU {name!r}" if name else "the TPU"
+
+
 def _tpu_resolver(tpu):
     """Find the TPU from `tpu`, the Colab/Kaggle environment, or a TPU VM."""
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
@@ -110,20 +215,62 @@ def _tpu_resolver(tpu):
         raise
 
 
-def tpu_strategy(tpu=None):
-    """Connect to and initialise the TPU system, then build a TPUStrategy."""
-    # OSError: a resolver that asks Google Cloud's metadata server off Cloud
-    expected = (ValueError, RuntimeError, OSError, tf.errors.OpError)
+def _find_tpu(tpu):
+    """_tpu_resolver(tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
+
+    Given a TPU name (--tpu or $TPU_NAME) but no project and zone,
+    TPUClusterResolver asks Google Cloud's metadata server for them with no
+    time limit; off Google Cloud that can hang for good. So it runs in a
+    daemon thread, which an exiting process does not wait for.
+    """
+    outcome = {}
+
+    def look_up():
+        try:
+            outcome["resolver"] = _tpu_resolver(tpu)
+        except BaseException as error:  # handed over to the waiting thread
+            outcome["error"] = error
+
+    lookup = threading.Thread(target=look_up, name="tpu-lookup", daemon=True)
     try:
-        with native_stderr_quiet(expected):
-            resolver = _tpu_resolver(tpu)
+        with native_stderr_quiet(_TPU_ERRORS):
+            lookup.start()
+            lookup.join(TPU_LOOKUP_TIMEOUT_S)
+            if "error" in outcome:
+                raise outcome["error"]  # here, so a bug's captured lines replay
+    except _TPU_ERRORS as error:
+        raise UserError(f"no TPU found ({_first_line(error)}); pass --tpu NAME, "
+                        f"or {_REHEARSE_TPU}") from error
+    if lookup.is_alive():
+        raise UserError(
+            f"gave up looking for {_tpu_label(tpu)} after {TPU_LOOKUP_TIMEOUT_S:g} s "
+            "waiting for Google Cloud's metadata server (TPUClusterResolver asks it "
+            "for the project and zone); off Google Cloud pass --tpu grpc://ADDRESS:8470, "
+            f"or {_REHEARSE_TPU}")
+    return outcome["resolver"]
+
+
+def tpu_strategy(tpu=None):
+    """Find, connect to and initialise the TPU system, then build a TPUStrategy."""
+    resolver = _find_tpu(tpu)
+    connected = False
+    try:
+        with native_stderr_quiet(_TPU_ERRORS):
             tf.config.experimental_connect_to_cluster(resolver)
+            connected = True
             tf.tpu.experimental.initialize_tpu_system(resolver)
-    except expected as error:
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise UserError(f"no TPU found ({detail or type(error).__name__}); pass "
-                        "--tpu NAME, or use --rehearse 8 to rehearse on 8 logical "
-                        "CPU devices") from error
+    except _TPU_ERRORS as error:
+        # found is not the same as usable: a TPU held by another process (a
+        # second notebook, a stale run) fails here, and the cause must show
+        detail = _first_line(error)
+        hint = _REHEARSE_TPU
+        if re.search(r"in use|busy|lockfile", detail, re.IGNORECASE):
+            hint = f"end the process that holds it, or {hint}"
+        if connected:
+            problem = f"{_tpu_label(tpu)} was found but could not be initialised"
+        else:
+            problem = f"could not connect to {_tpu_label(tpu)}"
+        raise UserError(f"{problem} (TensorFlow said: {detail}); {hint}") from error
     return tf.distribute.TPUStrategy(resolver)
 
 

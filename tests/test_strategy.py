@@ -1,0 +1,261 @@
+"""quiet.py and strategy.py: captured native output, and clear failures without hardware.
+
+No accelerator is needed: TensorFlow's log lines are fed in as text, the TPU
+resolver and TPU calls are replaced by fakes that fail the way TensorFlow
+does, and a crash inside the quiet block is staged in a child process.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import tensorflow as tf
+
+from pyimagesearch import quiet, strategy
+from pyimagesearch.errors import UserError
+from pyimagesearch.quiet import native_stderr_quiet
+
+NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
+          "on N logical CPU devices")
+
+# Loads quiet.py alone (no TensorFlow import, so the child starts fast), then
+# runs the block named by argv[2].
+CHILD = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("quiet", sys.argv[1])
+quiet = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(quiet)
+with quiet.native_stderr_quiet():
+    os.write(2, b"F0000 check_op.cc:1] Check failed: the last words\\n")
+    if sys.argv[2] == "abort":
+        os.abort()
+try:
+    os.waitpid(-1, os.WNOHANG)
+    print("a child process is left")
+except ChildProcessError:
+    print("no child process left")
+"""
+
+
+def _run_child(block):
+    """Run CHILD with `block` ("abort" or "normal"), capturing its real stderr."""
+    env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
+    return subprocess.run([sys.executable, "-c", CHILD, quiet.__file__, block],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.fixture
+def capturing(monkeypatch):
+    """Make sure the escape hatch is off, whatever the caller's environment."""
+    monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
+
+
+def test_abort_inside_the_block_still_shows_its_last_words():
+    result = _run_child("abort")
+    assert result.returncode == -signal.SIGABRT
+    assert "Check failed: the last words" in result.stderr
+
+
+def test_a_normal_block_stays_quiet_and_leaves_no_process():
+    result = _run_child("normal")
+    assert result.returncode == 0, result.stderr
+    assert "the last words" not in result.stderr
+    assert result.stdout.strip() == "no child process left"
+
+
+def test_the_caller_can_read_what_was_captured(capturing, capfd):
+    with native_stderr_quiet() as captured:
+        os.write(2, b"W0000 gpu_device.cc:1] native line\n")
+    assert captured.text() == "W0000 gpu_device.cc:1] native line\n"
+    assert "native line" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("error, replayed", [(ValueError, False), (KeyError, True)])
+def test_an_error_replays_the_capture_unless_expected(capturing, capfd, error, replayed):
+    with pytest.raises(error):
+        with native_stderr_quiet(expected=(ValueError,)):
+            os.write(2, b"native line\n")
+            raise error("boom")
+    assert capfd.readouterr().err.count("native line") == (1 if replayed else 0)
+
+
+def test_verbose_env_captures_nothing(monkeypatch, capfd):
+    monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+    with native_stderr_quiet() as captured:
+        os.write(2, b"native line\n")
+    assert captured.text() == ""
+    assert "native line" in capfd.readouterr().err
+
+
+# What TensorFlow logs while looking for GPUs, in both of its log formats.
+CUINIT_NO_DRIVER_221 = ("E0000 00:00:1796065747.163952    7071 cuda_platform.cc:52] "
+                        "failed call to cuInit: INTERNAL: CUDA error: Failed call to "
+                        "cuInit: UNKNOWN ERROR (303)\n")
+CUINIT_NO_DRIVER_220 = ("2026-11-30 19:11:58.563739: E external/local_xla/xla/stream_"
+                        "executor/cuda/cuda_platform.cc:51] failed call to cuInit: "
+                        "INTERNAL: CUDA error: Failed call to cuInit: "
+                        "UNKNOWN ERROR (303)\n")
+CUINIT_NO_DEVICE = ("E0000 00:00:1.2 7 cuda_platform.cc:52] failed call to cuInit: "
+                    "INTERNAL: CUDA error: Failed call to cuInit: CUDA_ERROR_NO_DEVICE: "
+                    "no CUDA-capable device is detected\n")
+NO_CUDART = ("I0000 00:00:1.2 7 cudart_stub.cc:31] Could not find cuda drivers on "
+             "your machine, GPU will not be used.\n")
+DLOPEN = ("W0000 00:00:1.2 7 gpu_device.cc:2344] Cannot dlopen some GPU libraries. "
+          "Please make sure the missing libraries mentioned above are installed "
+          "properly if you would like to use GPU. Follow the guide at "
+          "https://www.tensorflow.org/install/gpu for how to download and setup the "
+          "required libraries for your platform.\nSkipping registering GPU devices...\n")
+DRIVER_MISMATCH = ("E0000 00:00:1.2 7 cuda_platform.cc:52] failed call to cuInit: "
+                   "INTERNAL: CUDA error: Failed call to cuInit: "
+                   "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: system has unsupported display "
+                   "driver / cuda driver combination\n")
+TOO_OLD = ("I0000 00:00:1.2 7 gpu_device.cc:2100] Ignoring visible gpu device "
+           "(device: 0, name: Tesla K40c, compute capability: 3.5) with Cuda compute "
+           "capability 3.5. The minimum required Cuda capability is 6.0.\n")
+
+
+@pytest.mark.parametrize("log", ["", CUINIT_NO_DRIVER_221, CUINIT_NO_DRIVER_220,
+                                 CUINIT_NO_DEVICE, NO_CUDART + CUINIT_NO_DRIVER_221])
+def test_no_gpu_at_all_gets_the_plain_message(log):
+    assert strategy._no_gpu_message(log) == NO_GPU
+
+
+@pytest.mark.parametrize("log, said, advice", [
+    (NO_CUDART + DLOPEN, '"Cannot dlopen some GPU libraries."',
+     'pip install "tensorflow[and-cuda]"'),
+    (DRIVER_MISMATCH, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "nvidia-smi"),
+    (TOO_OLD, "The minimum required Cuda capability is 6.0.", "--rehearse N"),
+])
+def test_a_gpu_tensorflow_cannot_use_is_not_called_missing(log, said, advice):
+    message = strategy._no_gpu_message(log)
+    assert "no GPU is visible" not in message and "\n" not in message
+    assert said in message and advice in message and "--rehearse N" in message
+
+
+def test_gpu_strategy_puts_what_tensorflow_logged_in_the_error(capturing, monkeypatch,
+                                                               capfd):
+    def list_physical_devices(kind):
+        os.write(2, (NO_CUDART + DLOPEN).encode())  # as TensorFlow does, on fd 2
+        return []
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
+    with pytest.raises(UserError, match=r"cannot load its CUDA libraries") as error:
+        strategy.gpu_strategy()
+    assert 'pip install "tensorflow[and-cuda]"' in str(error.value)
+    assert "Cannot dlopen" not in capfd.readouterr().err  # said once, by us
+
+
+@pytest.fixture
+def no_tpu_env(monkeypatch):
+    """No TPU name from the environment, so messages name only what the test passes."""
+    for name in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _fake_resolver(monkeypatch, init):
+    """Replace TPUClusterResolver by a class whose constructor runs `init(tpu)`."""
+    class FakeResolver:
+        def __init__(self, tpu=None):
+            init(tpu)
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
+                        FakeResolver)
+
+
+def test_a_tpu_that_cannot_be_resolved_is_not_found(monkeypatch, no_tpu_env):
+    def init(tpu):
+        raise ValueError("Please provide a TPU Name to connect to.")
+
+    _fake_resolver(monkeypatch, init)
+    with pytest.raises(UserError) as error:
+        strategy.tpu_strategy("my-tpu")
+    assert str(error.value) == (
+        "no TPU found (Please provide a TPU Name to connect to.); pass --tpu NAME, "
+        "or use --rehearse 8 to rehearse on 8 logical CPU devices")
+
+
+def test_a_tpu_lookup_that_hangs_is_given_up(monkeypatch, no_tpu_env):
+    answer = threading.Event()  # never set until the test is over
+    _fake_resolver(monkeypatch, lambda tpu: answer.wait())
+    monkeypatch.setattr(strategy, "TPU_LOOKUP_TIMEOUT_S", 0.01)
+    try:
+        with pytest.raises(UserError) as error:
+            strategy.tpu_strategy("my-tpu")
+    finally:
+        answer.set()  # let the abandoned lookup thread end
+    message = str(error.value)
+    assert message.startswith("gave up looking for TPU 'my-tpu' after 0.01 s waiting "
+                              "for Google Cloud's metadata server")
+    assert "--tpu grpc://" in message and "--rehearse 8" in message
+
+
+def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env):
+    _fake_resolver(monkeypatch, lambda tpu: None)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
+
+    def initialize_tpu_system(resolver):
+        raise tf.errors.AbortedError(
+            None, None, "The TPU is already in use by process with pid 4242. Not "
+            "attempting to load libtpu.so in this process.\nmore detail")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
+                        initialize_tpu_system)
+    with pytest.raises(UserError) as error:
+        strategy.tpu_strategy("local")
+    assert str(error.value) == (
+        "the TPU on this machine was found but could not be initialised (TensorFlow "
+        "said: The TPU is already in use by process with pid 4242. Not attempting to "
+        "load libtpu.so in this process.); end the process that holds it, or use "
+        "--rehearse 8 to rehearse on 8 logical CPU devices")
+
+
+def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env):
+    _fake_resolver(monkeypatch, lambda tpu: None)
+
+    def connect(resolver):
+        raise tf.errors.UnavailableError(None, None, "failed to connect to all addresses")
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", connect)
+    with pytest.raises(UserError, match=r"^could not connect to TPU 'grpc://10\.0\.0\.2"
+                                        r":8470' \(TensorFlow said: failed to connect"):
+        strategy.tpu_strategy("grpc://10.0.0.2:8470")
+
+
+def _device_buffer_hook():
+    """The module of TensorFlow's private per-device dataset hook."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+    return multi_device_iterator_ops
+
+
+def test_the_rehearsal_hook_exists_in_this_tensorflow():
+    # if this fails, TensorFlow renamed the hook: rehearsals stall again
+    assert callable(getattr(_device_buffer_hook(), "_create_device_dataset", None))
+
+
+def test_rehearsal_turns_autotuning_off_on_device_buffers(monkeypatch):
+    rehearsal = strategy.rehearsal_strategy(2)
+    ops = _device_buffer_hook()
+    patched = ops._create_device_dataset
+    assert getattr(patched, "_pyimagesearch", False)
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(patched(*args, **kwargs))
+        return made[-1]
+
+    # the patched hook is the one MirroredStrategy's input pipeline calls
+    monkeypatch.setattr(ops, "_create_device_dataset", spy)
+    dataset = tf.data.Dataset.range(8).batch(4)
+    next(iter(rehearsal.experimental_distribute_dataset(dataset)))
+    assert made and all(ds.options().autotune.enabled is False for ds in made)
+
+
+def test_a_missing_rehearsal_hook_is_reported_once(monkeypatch, capsys):
+    monkeypatch.delattr(_device_buffer_hook(), "_create_device_dataset")
+    monkeypatch.setattr(strategy, "_hook_missing_warned", False)
+    strategy._no_autotune_on_device_buffers()
+    strategy._no_autotune_on_device_buffers()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "rehearsal epochs may stall" in lines[0]
