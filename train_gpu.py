@@ -2,24 +2,37 @@
 
     python train_gpu.py                  # all visible GPUs, 128 images per GPU
     python train_gpu.py --rehearse 2     # no GPU needed: 2 logical CPU devices
+    TF_CONFIG='{"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
+               "task": {"type": "worker", "index": 0}}' python train_gpu.py
+                                         # one worker of two machines (index 1 on host-b)
+    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
+                                         # that cluster rehearsed on this machine
 
 One GPU is the article's case; with several, MirroredStrategy keeps a copy of
 the model on each, splits every global batch (128 x GPUs) between them and
 sums their gradients, which is why the loss is scaled by the replica count.
 Writes outputs/gpu.png, gpu.json and gpu.keras; a rehearsal writes
-gpu_rehearsal.* instead, so it cannot be mistaken for a GPU run.
+gpu_rehearsal.* instead, so it cannot be mistaken for a GPU run. Under
+TF_CONFIG only the chief (or worker 0) writes, and training runs the custom
+loop (Keras 3's fit does not run under MultiWorkerMirroredStrategy).
 """
 from pyimagesearch import cli
+from pyimagesearch.cluster import read_tf_config
 
 
 def main(argv=None):
     args = cli.build_parser("gpu", __doc__).parse_args(argv)
-    cli.check_output_dir(args.output_dir)
+    # a TF_CONFIG naming several workers makes this process one of them
+    cluster = read_tf_config()
+    if cluster is None or cluster.is_chief:
+        cli.check_output_dir(args.output_dir)
 
     from pyimagesearch import strategy, train
-    # MirroredStrategy over the GPUs, or over N logical CPUs to rehearse
-    gpuStrategy = strategy.get_strategy("gpu", rehearse=args.rehearse)
-    train.run(args, gpuStrategy, device="gpu", rehearsal=bool(args.rehearse))
+    # MirroredStrategy over the GPUs (MultiWorkerMirroredStrategy across
+    # machines), or over N logical CPUs to rehearse
+    gpuStrategy = strategy.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster)
+    train.run(args, gpuStrategy, device="gpu", rehearsal=bool(args.rehearse),
+              cluster=cluster)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import sys
 
 from pyimagesearch import config
 from pyimagesearch.data import SOURCES
-from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.errors import PeerLost, UserError, first_line
 from pyimagesearch.outputs import figure_path
 
 EXIT_USER_ERROR = 2
@@ -156,6 +156,10 @@ def run_main(main, argv=None):
     except UserError as error:
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
+        if isinstance(error, PeerLost):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_USER_ERROR)  # an orderly exit would wait on the dead peer
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
         print("interrupted; earlier outputs are untouched", file=sys.stderr)

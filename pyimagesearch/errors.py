@@ -9,6 +9,14 @@ class UserError(Exception):
     """
 
 
+class PeerLost(UserError):
+    """Another process of a multi-worker cluster died or stopped answering.
+
+    The scripts print it as one line and leave at once (os._exit), since
+    TensorFlow's orderly shutdown would wait on the dead peer.
+    """
+
+
 def first_line(error):
     """The first line of an exception's message (an OSError's or TensorFlow's own text)."""
     text = str(getattr(error, "strerror", None) or getattr(error, "message", None)

@@ -17,7 +17,7 @@ from pyimagesearch.errors import UserError
 from pyimagesearch.quiet import native_stderr_quiet
 
 
-def _hide_gpus():
+def hide_gpus():
     """Make TensorFlow ignore any GPU, so 'CPU' really means the CPU."""
     with native_stderr_quiet():  # a machine without a GPU logs a failed cuInit
         gpus = tf.config.list_physical_devices("GPU")
@@ -30,7 +30,7 @@ def _hide_gpus():
 
 def cpu_strategy():
     """All work on /cpu:0, even when a GPU is visible."""
-    _hide_gpus()
+    hide_gpus()
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
@@ -162,7 +162,7 @@ def rehearsal_strategy(replicas):
     """
     if replicas < 1:
         raise UserError(f"--rehearse needs at least 1 device, got {replicas}")
-    _hide_gpus()
+    hide_gpus()
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -274,10 +274,18 @@ def tpu_strategy(tpu=None):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def get_strategy(device, rehearse=None, tpu=None):
-    """The strategy for `device` ("cpu", "gpu", "tpu"), or a rehearsal of it."""
+def get_strategy(device, rehearse=None, tpu=None, cluster=None):
+    """The strategy for `device` ("cpu", "gpu", "tpu"), or a rehearsal of it.
+
+    With `cluster` (a multi-worker TF_CONFIG, GPUs only) it is this worker's
+    MultiWorkerMirroredStrategy.
+    """
     if device not in ("cpu", "gpu", "tpu"):
         raise UserError(f"unknown device {device!r}; choose cpu, gpu or tpu")
+    if cluster is not None:
+        from pyimagesearch.cluster import multi_worker_strategy
+
+        return multi_worker_strategy(cluster, rehearse)
     if rehearse:
         return rehearsal_strategy(rehearse)
     if device == "cpu":

@@ -10,6 +10,7 @@ import datetime
 import os
 import platform
 import sys
+import tempfile
 import time
 
 import keras
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.cluster import peer_loss_reported
 from pyimagesearch.data import (figure_digits, get_data, load_images, resolve_data_dir,
                                 resolve_source, usable_images)
 from pyimagesearch.errors import UserError
@@ -104,7 +106,7 @@ def distributed_input(strategy, build):
     processes every worker must build its own replicas' slices of the same
     global batches, which `distribute_datasets_from_function` asks for.
     """
-    if getattr(strategy.extended, "_num_workers", 1) > 1:
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return strategy.distribute_datasets_from_function(build)
     return build(None)
 
@@ -191,10 +193,19 @@ def _machine():
             "cpu_model": model, "cpu_count": cpus, "python": platform.python_version()}
 
 
-def run(args, strategy, device, rehearsal=False):
-    """Train the autoencoder under `strategy` and write figure, record and model."""
+def run(args, strategy, device, rehearsal=False, cluster=None):
+    """Train the autoencoder under `strategy` and write figure, record and model.
+
+    `cluster` (from TF_CONFIG) makes this one worker of several: training
+    runs the custom loop, and only the chief writes into --output-dir.
+    """
     started = datetime.datetime.now(datetime.timezone.utc)
     keras.utils.set_random_seed(args.seed)  # python, numpy and TensorFlow seeds
+    loop = "custom" if cluster else args.loop
+    if cluster:
+        print(f"[INFO] {cluster.task_type} {cluster.task_index} of a {cluster.workers}-"
+              "worker cluster; custom loop, since Keras 3's fit does not run under "
+              "MultiWorkerMirroredStrategy")
 
     # how many replicas the strategy trains on decides the global batch
     numAcc = strategy.num_replicas_in_sync
@@ -235,27 +246,38 @@ def run(args, strategy, device, rehearsal=False):
         model.compile(loss=mseLoss,
                       optimizer=make_optimizer(args.optimizer, learning_rate),
                       steps_per_execution=plan.steps_per_execution)
-        print(f"[INFO] training the autoencoder ({args.loop} loop)...")
-        if args.loop == "custom":
-            history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
-                                 plan.steps_per_epoch, plan.global_batch_size,
-                                 steps_per_execution=plan.steps_per_execution,
-                                 callbacks=[timer])
-        else:
-            history = model.fit(trainDs, epochs=args.epochs,
-                                steps_per_epoch=plan.steps_per_epoch,
-                                validation_data=valDs, callbacks=[timer],
-                                shuffle=False, verbose=1).history
+        print(f"[INFO] training the autoencoder ({loop} loop)...")
+        with peer_loss_reported(cluster):
+            if loop == "custom":
+                history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
+                                     plan.steps_per_epoch, plan.global_batch_size,
+                                     steps_per_execution=plan.steps_per_execution,
+                                     callbacks=[timer])
+            else:
+                history = model.fit(trainDs, epochs=args.epochs,
+                                    steps_per_epoch=plan.steps_per_epoch,
+                                    validation_data=valDs, callbacks=[timer],
+                                    shuffle=False, verbose=1).history
 
-    # the same validation digits on every device and in compare.py
+    # the same validation digits on every device and in compare.py; a plain
+    # call on this process's copy of the model, no collective needed
     print("[INFO] evaluating the model...")
     testIm = figure_digits(valSplit)
-    predIm = model.predict(tf.data.Dataset.from_tensors(testIm), verbose=0)
+    predIm = model(testIm, training=False).numpy()
 
     record = run_record(args, strategy, plan, source, data_dir, history, timer,
                         learning_rate, started)
-    record.update(validation_steps=validationSteps, validation_images=validationImages,
+    record.update(loop=loop, workers=cluster.workers if cluster else 1,
+                  validation_steps=validationSteps, validation_images=validationImages,
                   validation_split_images=int(len(valSplit)))
+    if cluster and not cluster.is_chief:
+        # every worker saves, as TensorFlow's multi-worker guide asks; only
+        # the chief's copy is kept
+        with tempfile.TemporaryDirectory(prefix="pyimagesearch-worker-") as scratch:
+            save_outputs(scratch, plan.name, record, model, testIm, predIm, quiet=True)
+        print(f"[INFO] {cluster.task_type} {cluster.task_index} done; the chief "
+              "writes the outputs")
+        return record
     save_outputs(args.output_dir, plan.name, record, model, testIm, predIm)
     return record
 
@@ -267,14 +289,16 @@ def run_record(args, strategy, plan, source, data_dir, history, timer, learning_
         "device": plan.device,
         "name": plan.name,
         "rehearsal": plan.rehearsal,
-        "strategy": type(strategy).__name__,
+        # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy
+        "strategy": ("MultiWorkerMirroredStrategy"
+                     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                     else type(strategy).__name__),
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.global_batch_size // plan.replicas,
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
         "epochs": args.epochs,
-        "loop": args.loop,
         "optimizer": args.optimizer,
         "learning_rate": learning_rate,
         "learning_rate_scaling": args.lr_scaling,
@@ -297,14 +321,15 @@ def run_record(args, strategy, plan, source, data_dir, history, timer, learning_
     }
 
 
-def save_outputs(folder, name, record, model, testIm, predIm):
+def save_outputs(folder, name, record, model, testIm, predIm, quiet=False):
     """Write figure, record and model; the old ones are replaced only when all are written."""
-    print("[INFO] saving the predicted images, run record and model...")
+    if not quiet:
+        print("[INFO] saving the predicted images, run record and model...")
     title = f"{name}: val_loss {record['val_loss'][-1]:.4f}"
     with StagedOutputs(folder) as staged:
         figure = reconstruction_figure(testIm, predIm, title=title)
         figure.savefig(staged.path(f"{name}.png"), format="png", dpi=80)
         write_json(staged.path(f"{name}.json"), record)
         model.save(staged.path(f"{name}.keras"))
-    for suffix in ("png", "json", "keras"):
+    for suffix in ("png", "json", "keras") if not quiet else ():
         print(f"[INFO] wrote {join(folder, name)}.{suffix}")

@@ -1,0 +1,222 @@
+"""Rehearse a multi-worker cluster on this machine: N training processes on loopback.
+
+    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
+    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1 --epochs 1
+
+Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
+real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
+(see the README). Output lines are prefixed with the worker's index. When
+a worker fails or is killed, the others are stopped (SIGTERM, then SIGKILL
+after STOP_GRACE_SECONDS) and the launcher exits non-zero with one line
+naming the worker and its exit status. The others first get
+PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
+what a real cluster's survivors do), then SIGTERM, then SIGKILL after
+STOP_GRACE_SECONDS: within a minute in all. Ctrl-C stops them all at once.
+No process is left behind.
+
+TensorFlow's gRPC servers listen on every interface of the machine, not only
+on the address in TF_CONFIG, so on Linux the launcher first moves itself into
+a network namespace of its own whose only interface is loopback (the
+`unshare` command; `--network host` skips that): the rehearsal's servers
+cannot be reached from anywhere else.
+"""
+import argparse
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_USER_ERROR = 2
+PEER_GRACE_SECONDS = 30  # how long the others get to notice a failed worker themselves
+STOP_GRACE_SECONDS = 20  # how long stopped workers get to exit before SIGKILL
+_IN_NAMESPACE = "PYIMAGESEARCH_LAUNCHER_NETNS"  # set once we are inside our namespace
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line and exit status 2 (the package's parser, without TensorFlow)."""
+
+    def error(self, message):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def fail(message, status=EXIT_USER_ERROR):
+    """One line on stderr, then exit."""
+    print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def enter_private_network(argv):
+    """Re-run this launcher inside a new network namespace (same process, via exec).
+
+    Returns only when that is not possible, after saying why in one line.
+    """
+    command = ["unshare", "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    env = {**os.environ, _IN_NAMESPACE: "1"}
+    try:
+        os.execvpe(command[0], command + [sys.executable, os.path.abspath(__file__), *argv],
+                   env)
+    except OSError as error:
+        print(f"[launch] no private network namespace ({error.strerror}); the workers' "
+              "servers listen on every interface; --network host says you accept "
+              "that", file=sys.stderr, flush=True)
+
+
+def bring_up_loopback():
+    """Switch on `lo`, the only interface of a new network namespace (it starts down)."""
+    get_flags, set_flags, up = 0x8913, 0x8914, 0x1  # SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(handle, get_flags, request))[1]
+        fcntl.ioctl(handle, set_flags, struct.pack("16sh", b"lo", flags | up))
+
+
+def free_ports(count):
+    """`count` distinct free TCP ports on 127.0.0.1 (held open together while picked)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            handle = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            handle.bind(("127.0.0.1", 0))
+            sockets.append(handle)
+        return [handle.getsockname()[1] for handle in sockets]
+    finally:
+        for handle in sockets:
+            handle.close()
+
+
+def tf_config(ports, index):
+    """The TF_CONFIG of worker `index` in a cluster on `ports` of 127.0.0.1."""
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def describe(status):
+    """An exit status in words: 'status 2' or 'killed by SIGKILL'."""
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return f"status {status}"
+
+
+class Cluster:
+    """The worker processes, their output relays, and how to stop them."""
+
+    def __init__(self, command, count):
+        self.ports = free_ports(count)
+        self.lock = threading.Lock()
+        self.workers, self.relays = [], []
+        for index in range(count):
+            env = {**os.environ, "TF_CONFIG": tf_config(self.ports, index),
+                   "PYTHONUNBUFFERED": "1"}
+            env.pop(_IN_NAMESPACE, None)
+            # a session of its own: Ctrl-C reaches the launcher, which stops
+            # each worker's whole process group itself
+            worker = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+            self.workers.append(worker)
+            self.say(f"[launch] worker {index}: pid {worker.pid}, 127.0.0.1:{self.ports[index]}")
+            relay = threading.Thread(target=self._relay, args=(index, worker), daemon=True)
+            relay.start()
+            self.relays.append(relay)
+
+    def say(self, line):
+        """Print one line whole, never interleaved with another worker's."""
+        with self.lock:
+            print(line, flush=True)
+
+    def _relay(self, index, worker):
+        for raw in worker.stdout:
+            self.say(f"[worker {index}] {raw.decode(errors='replace').rstrip()}")
+
+    def wait(self):
+        """Wait until all succeed (None) or one fails: (index, status) of the first failure."""
+        while True:
+            statuses = [worker.poll() for worker in self.workers]
+            failed = [(i, s) for i, s in enumerate(statuses) if s not in (None, 0)]
+            if failed:
+                # a worker killed by a signal is the cause; the others followed it
+                return min(failed, key=lambda item: (item[1] >= 0, item[0]))
+            if all(status == 0 for status in statuses):
+                return None
+            time.sleep(0.2)
+
+    def running(self):
+        """True while any worker is alive."""
+        return any(worker.poll() is None for worker in self.workers)
+
+    def stop(self):
+        """SIGTERM every live worker's process group; SIGKILL what is left after the grace."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            live = [worker for worker in self.workers if worker.poll() is None]
+            for worker in live:
+                try:
+                    os.killpg(worker.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            while any(w.poll() is None for w in live) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        for worker in self.workers:
+            worker.wait()
+        for relay in self.relays:
+            relay.join(timeout=5)
+
+
+def main(argv):
+    if "--" not in argv:
+        fail("give the training command after --, e.g. "
+             "launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
+    split = argv.index("--")
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes to start (default %(default)s)")
+    parser.add_argument("--network", choices=("isolated", "host"), default="isolated",
+                        help="isolated: a private network namespace with loopback only "
+                             "(Linux); host: this machine's (default %(default)s)")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if args.workers < 2:
+        fail(f"--workers must be at least 2, got {args.workers}")
+    if not command:
+        fail("no training command after --")
+    if command[0].endswith(".py"):
+        if not os.path.exists(command[0]):
+            fail(f"{command[0]} not found")
+        command = [sys.executable] + command
+
+    if args.network == "isolated" and not os.environ.get(_IN_NAMESPACE):
+        enter_private_network(argv)  # returns only where it cannot
+    if os.environ.get(_IN_NAMESPACE):
+        bring_up_loopback()
+
+    # SIGTERM (a test's clean-up, a job scheduler) stops the workers like Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    cluster = None
+    try:
+        cluster = Cluster(command, args.workers)
+        failure = cluster.wait()
+        if failure is not None:
+            deadline = time.monotonic() + PEER_GRACE_SECONDS
+            while cluster.running() and time.monotonic() < deadline:
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        if cluster is not None:
+            cluster.stop()
+        fail("interrupted; all workers stopped", status=130)
+    cluster.stop()  # joins the output relays; stops whatever still runs
+    if failure is None:
+        cluster.say(f"[launch] all {args.workers} workers finished")
+        return
+    index, status = failure
+    fail(f"worker {index} exited with {describe(status)}; stopped the other "
+         f"{args.workers - 1}", status=1)
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

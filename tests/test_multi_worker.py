@@ -1,0 +1,186 @@
+"""Multi-worker training: TF_CONFIG checks, and real worker processes on loopback.
+
+The worker processes are started by launch_workers.py, which puts them in a
+network namespace of their own (loopback only); every test stops what it
+started, even when it fails.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+from pyimagesearch.cluster import read_tf_config
+from pyimagesearch.errors import UserError
+
+ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
+                "--learning-rate", "0.5", "--data-source", "sample"]
+
+
+def _config(cluster, task):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+
+
+def test_a_two_worker_tf_config_is_read():
+    cluster = read_tf_config(_config({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 1}))
+    assert (cluster.workers, cluster.task_type, cluster.task_index) == (2, "worker", 1)
+    assert not cluster.is_chief
+    first = read_tf_config(_config({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 0}))
+    assert first.is_chief  # worker 0 writes when no chief is named
+    chief = {"chief": ["c:1"], "worker": ["a:1"]}
+    assert read_tf_config(_config(chief, {"type": "chief", "index": 0})).is_chief
+    assert not read_tf_config(_config(chief, {"type": "worker", "index": 0})).is_chief
+    assert read_tf_config({}) is None and read_tf_config({"TF_CONFIG": " "}) is None
+
+
+@pytest.mark.parametrize("environ, complaint", [
+    ({"TF_CONFIG": "{not json"}, "not valid JSON"),
+    (_config({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 2}), "outside the cluster"),
+    (_config({"worker": ["a:1", "b:2"]}, {"type": "evaluator", "index": 0}), "task type"),
+    (_config({"worker": ["a:1"]}, {"type": "worker", "index": 0}), "cluster of 1"),
+    (_config({"worker": ["a:1", "b:2"], "ps": ["p:3"]}, {"type": "worker", "index": 0}),
+     "no parameter servers"),
+    (_config({"worker": ["a", "b:2"]}, {"type": "worker", "index": 0}), "host:port"),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]}})}, '"task"'),
+])
+def test_a_broken_tf_config_is_a_user_error(environ, complaint):
+    with pytest.raises(UserError, match=complaint):
+        read_tf_config(environ)
+
+
+def test_a_broken_tf_config_is_one_line_and_exit_2(repo, tmp_path):
+    env = {**os.environ, "TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}}'}
+    result = subprocess.run([sys.executable, "train_gpu.py", "--rehearse", "1",
+                             "--output-dir", str(tmp_path)], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TF_CONFIG" in lines[0], result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+class Launch:
+    """launch_workers.py as a subprocess, read line by line; always stopped at the end."""
+
+    def __init__(self, repo, workers, flags):
+        self.process = subprocess.Popen(
+            [sys.executable, "launch_workers.py", "--workers", str(workers), "--",
+             "train_gpu.py", *flags], cwd=repo, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines, self.pids = [], {}
+
+    def read_until(self, pattern):
+        """Lines up to the first that matches `pattern` (None if output ends first)."""
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+            found = re.match(r"\[launch\] worker (\d+): pid (\d+)", line)
+            if found:
+                self.pids[int(found[1])] = int(found[2])
+            if re.search(pattern, line):
+                return line
+        return None
+
+    def finish(self, timeout=300):
+        """Exit status and stderr; the rest of stdout goes to self.lines."""
+        out, err = self.process.communicate(timeout=timeout)
+        self.lines += out.splitlines()
+        return self.process.returncode, err
+
+    def kill_all(self):
+        for pid in [self.process.pid, *self.pids.values()]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait()
+
+
+@pytest.fixture
+def launch(repo):
+    started = []
+
+    def start(workers, flags):
+        started.append(Launch(repo, workers, flags))
+        return started[-1]
+
+    yield start
+    for launched in started:
+        launched.kill_all()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _weights(path):
+    return [w.numpy() for w in keras.saving.load_model(path).weights]
+
+
+@pytest.mark.parametrize("devices, global_batch", [
+    (1, 256), pytest.param(2, 512, marks=pytest.mark.slow)])
+def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch):
+    run = launch(2, ONE_SGD_STEP + ["--rehearse", str(devices), "--output-dir",
+                                    str(tmp_path / "cluster")])
+    status, err = run.finish()
+    assert status == 0, "\n".join(run.lines[-20:]) + err
+    assert not any(_alive(pid) for pid in run.pids.values())
+    record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
+    assert record["workers"] == 2 and record["replicas"] == 2 * devices
+    assert record["global_batch_size"] == global_batch and record["loop"] == "custom"
+    assert record["strategy"] == "MultiWorkerMirroredStrategy"
+    # only the chief wrote; the other worker's copies went to a removed folder
+    assert sorted(os.listdir(tmp_path / "cluster")) == [
+        "gpu_rehearsal.json", "gpu_rehearsal.keras", "gpu_rehearsal.png"]
+    assert any("worker 1 done; the chief writes" in line for line in run.lines)
+
+    train_cpu.main(ONE_SGD_STEP + ["--batch-size", str(global_batch),
+                                   "--output-dir", str(tmp_path / "one")])
+    one = _weights(tmp_path / "one" / "cpu.keras")
+    cluster = _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")
+    for a, b in zip(one, cluster):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
+    run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
+                     "--output-dir", str(tmp_path)])
+    assert run.read_until(r"\[worker 0\] Epoch 1/5"), "\n".join(run.lines)
+    os.kill(run.pids[1], signal.SIGKILL)
+    status, err = run.finish(timeout=240)
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "worker 1 exited with killed by SIGKILL" in lines[0], err
+    # the survivor noticed by itself and said so in one line, no traceback
+    assert any("[worker 0] train_gpu.py: error: worker 0 lost a peer" in line
+               for line in run.lines), "\n".join(run.lines[-20:])
+    assert not any("Traceback" in line for line in run.lines)
+    assert not any(_alive(pid) for pid in run.pids.values())
+    assert not (tmp_path / "gpu_rehearsal.json").exists()
+
+
+def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
+    run = launch(2, ["--rehearse", "1", "--epochz", "1"])
+    status, err = run.finish()
+    assert status == 1 and "exited with status 2" in err and "Traceback" not in err
+    assert any("unrecognized arguments: --epochz" in line for line in run.lines)
+    assert not any(_alive(pid) for pid in run.pids.values())
+
+
+def test_ctrl_c_stops_every_worker(launch, tmp_path):
+    run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
+                     "--output-dir", str(tmp_path)])
+    assert run.read_until(r"\[worker 1\] \[INFO\] loading"), "\n".join(run.lines)
+    os.kill(run.process.pid, signal.SIGINT)
+    status, err = run.finish(timeout=120)
+    assert status == 130 and "interrupted; all workers stopped" in err
+    assert not any(_alive(pid) for pid in run.pids.values())
