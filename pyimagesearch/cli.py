@@ -56,6 +56,18 @@ positive_int.__name__ = "positive integer"
 non_negative_int.__name__ = "non-negative integer"
 
 
+def step_range(text):
+    """'A,B': the first and last training step (counted from 1) to profile."""
+    first, comma, last = text.partition(",")
+    try:
+        first, last = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two steps A,B, got {text!r}")
+    if not comma or not 1 <= first <= last:
+        raise argparse.ArgumentTypeError(f"expected steps 1 <= A <= B, got {text!r}")
+    return first, last
+
+
 def positive_float(text):
     """A float > 0."""
     value = _number(float, 0.0, text)
@@ -105,6 +117,19 @@ def build_parser(device, description):
     parser.add_argument("--loop", choices=LOOPS, default="fit",
                         help="model.fit, or the explicit custom loop with "
                              "tf.nn.compute_average_loss (default %(default)s)")
+    parser.add_argument("--backup-dir", default=None, metavar="DIR",
+                        help="back up model and optimizer state here (a folder or "
+                             "gs://...) at every epoch end; the same command after a "
+                             "crash resumes from it; a finished run deletes it")
+    parser.add_argument("--backup-every", type=positive_int, default=None, metavar="N",
+                        help="also back up every N training steps (a resumed run "
+                             "restarts the epoch it was in)")
+    parser.add_argument("--logdir", default=None, metavar="DIR",
+                        help="write TensorBoard logs into DIR/<run name>, e.g. "
+                             "logs/cpu: `tensorboard --logdir DIR` compares the runs")
+    parser.add_argument("--profile-steps", type=step_range, default=None, metavar="A,B",
+                        help="capture a profiler trace of training steps A to B into "
+                             "the log dir (--logdir, else logs)")
     if device in ("gpu", "tpu"):
         parser.add_argument(
             "--rehearse", type=positive_int, default=None, metavar="N",

@@ -17,6 +17,7 @@ that it gives the same weights and losses as `fit`
 """
 import time
 
+import keras
 import tensorflow as tf
 
 from pyimagesearch.loss import per_image_mse
@@ -29,13 +30,18 @@ def execution_sizes(steps_per_epoch, steps_per_execution):
 
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
-               global_batch_size, steps_per_execution=1, callbacks=(), verbose=True):
+               global_batch_size, steps_per_execution=1, callbacks=(), initial_epoch=0,
+               verbose=True):
     """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
 
     `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
     finite and read to its end after every epoch. Either may be a
     tf.data.Dataset, which is distributed here, or already distributed
-    (`strategy.distribute_datasets_from_function`).
+    (`strategy.distribute_datasets_from_function`). Keras callbacks get the
+    hooks `fit` would call: train begin and end, epoch begin and end (with
+    the logs), test begin, and a batch begin and end per execution (the logs
+    say how many `steps` it ran). Epochs start at `initial_epoch` (a resumed
+    run), as in `fit`.
     """
     optimizer = model.optimizer
     with strategy.scope():
@@ -74,30 +80,38 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
 
     train_iterator = iter(_distributed(strategy, trainDs))
     val_batches = _distributed(strategy, valDs)
+    callbacks = keras.callbacks.CallbackList(list(callbacks), model=model, epochs=epochs,
+                                             steps=steps_per_epoch, verbose=0)
     history = {"loss": [], "val_loss": []}
-    for epoch in range(epochs):
-        for callback in callbacks:
-            callback.on_epoch_begin(epoch)
+    callbacks.on_train_begin()
+    for epoch in range(initial_epoch, epochs):
+        callbacks.on_epoch_begin(epoch)
+        if verbose:  # the lines fit prints where its output is not a terminal
+            print(f"Epoch {epoch + 1}/{epochs}", flush=True)
         start = time.perf_counter()
-        total = 0.0
+        total, step = 0.0, 0
         for count in execution_sizes(steps_per_epoch, steps_per_execution):
+            callbacks.on_train_batch_begin(step, {"steps": count})
             total += float(train_steps(train_iterator, tf.constant(count)))
+            step += count
+            callbacks.on_train_batch_end(step - 1, {"steps": count})
         history["loss"].append(total / steps_per_epoch)
 
-        for callback in callbacks:
-            callback.on_test_begin()
+        callbacks.on_test_begin()
         error_sum, count = 0.0, 0.0
         for batch in val_batches:
             batch_sum, batch_count = val_batch(batch)
             error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
         history["val_loss"].append(error_sum / max(count, 1.0))
 
-        for callback in callbacks:
-            callback.on_epoch_end(epoch)
+        callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
+                                       "val_loss": history["val_loss"][-1],
+                                       "steps": steps_per_epoch})
         if verbose:
-            print(f"Epoch {epoch + 1}/{epochs} - {steps_per_epoch} steps - "
+            print(f"{steps_per_epoch}/{steps_per_epoch} - "
                   f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
                   f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
+    callbacks.on_train_end()
     return history
 
 

@@ -11,13 +11,13 @@ import os
 import platform
 import sys
 import tempfile
-import time
 
 import keras
 import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.callbacks import make_callbacks
 from pyimagesearch.cluster import peer_loss_reported
 from pyimagesearch.data import (figure_digits, get_data, load_images, resolve_data_dir,
                                 resolve_source, usable_images)
@@ -158,27 +158,6 @@ def make_optimizer(name, learning_rate):
     raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-class EpochTimer(keras.callbacks.Callback):
-    """Wall time of each epoch, and of its training part alone (before validation)."""
-
-    def __init__(self):
-        super().__init__()
-        self.epoch_seconds, self.train_seconds = [], []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-        self._train_end = None
-
-    def on_test_begin(self, logs=None):
-        if self._train_end is None:
-            self._train_end = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        end = time.perf_counter()
-        self.epoch_seconds.append(end - self._start)
-        self.train_seconds.append((self._train_end or end) - self._start)
-
-
 def _machine():
     """A short description of the machine, for the run record."""
     model = platform.processor()
@@ -235,7 +214,15 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     if args.lr_scaling != "none":
         print(f"[INFO] learning rate {args.learning_rate:g} scaled ({args.lr_scaling}) "
               f"for a global batch of {plan.global_batch_size}: {learning_rate:g}")
-    timer = EpochTimer()
+    # timing, backup (--backup-dir), TensorBoard (--logdir), profiler
+    testIm = figure_digits(valSplit)
+    writes = cluster is None or cluster.is_chief
+    callbacks, timer, backup = make_callbacks(
+        args, plan, loop, backup_identity(args, plan, loop, source), testIm, writes)
+    initialEpoch = backup.resume() if backup else 0
+    if initialEpoch:
+        print(f"[INFO] resuming from {args.backup_dir}: {initialEpoch} of "
+              f"{args.epochs} epochs done")
     with strategy.scope():
         # model, loss and optimizer must be created inside the scope so that
         # their variables are mirrored on every replica
@@ -246,31 +233,35 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
         model.compile(loss=mseLoss,
                       optimizer=make_optimizer(args.optimizer, learning_rate),
                       steps_per_execution=plan.steps_per_execution)
+        model.build((None, *config.IMAGE_SHAPE))  # a backup is restored into it
         print(f"[INFO] training the autoencoder ({loop} loop)...")
         with peer_loss_reported(cluster):
             if loop == "custom":
                 history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
                                      plan.steps_per_epoch, plan.global_batch_size,
                                      steps_per_execution=plan.steps_per_execution,
-                                     callbacks=[timer])
+                                     callbacks=callbacks, initial_epoch=initialEpoch)
             else:
+                # one line per epoch where the output is not a terminal (a log file)
                 history = model.fit(trainDs, epochs=args.epochs,
                                     steps_per_epoch=plan.steps_per_epoch,
-                                    validation_data=valDs, callbacks=[timer],
-                                    shuffle=False, verbose=1).history
+                                    validation_data=valDs, callbacks=callbacks,
+                                    initial_epoch=initialEpoch, shuffle=False,
+                                    verbose=1 if sys.stdout.isatty() else 2).history
 
     # the same validation digits on every device and in compare.py; a plain
     # call on this process's copy of the model, no collective needed
     print("[INFO] evaluating the model...")
-    testIm = figure_digits(valSplit)
     predIm = model(testIm, training=False).numpy()
 
-    record = run_record(args, strategy, plan, source, data_dir, history, timer,
-                        learning_rate, started)
+    record = run_record(args, strategy, plan, source, data_dir,
+                        backup.history if backup else history, timer, learning_rate,
+                        started)
     record.update(loop=loop, workers=cluster.workers if cluster else 1,
-                  validation_steps=validationSteps, validation_images=validationImages,
+                  resumed_from_epoch=initialEpoch, validation_steps=validationSteps,
+                  validation_images=validationImages,
                   validation_split_images=int(len(valSplit)))
-    if cluster and not cluster.is_chief:
+    if not writes:
         # every worker saves, as TensorFlow's multi-worker guide asks; only
         # the chief's copy is kept
         with tempfile.TemporaryDirectory(prefix="pyimagesearch-worker-") as scratch:
@@ -279,7 +270,17 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
               "writes the outputs")
         return record
     save_outputs(args.output_dir, plan.name, record, model, testIm, predIm)
+    if backup:
+        backup.finish()  # only now: a failed save must still be able to resume
     return record
+
+
+def backup_identity(args, plan, loop, source):
+    """What a backup must match to be resumed: the same model trained the same way."""
+    return {"run": plan.name, "model": AutoEncoder.__name__,
+            "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
+            "steps_per_epoch": plan.steps_per_epoch, "loop": loop,
+            "optimizer": args.optimizer, "data_source": source.label}
 
 
 def run_record(args, strategy, plan, source, data_dir, history, timer, learning_rate,

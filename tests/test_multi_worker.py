@@ -154,7 +154,7 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
 def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
                      "--output-dir", str(tmp_path)])
-    assert run.read_until(r"\[worker 0\] Epoch 1/5"), "\n".join(run.lines)
+    assert run.read_until(r"\[worker 0\] Epoch 2/5"), "\n".join(run.lines)
     os.kill(run.pids[1], signal.SIGKILL)
     status, err = run.finish(timeout=240)
     assert status == 1
@@ -184,3 +184,23 @@ def test_ctrl_c_stops_every_worker(launch, tmp_path):
     status, err = run.finish(timeout=120)
     assert status == 130 and "interrupted; all workers stopped" in err
     assert not any(_alive(pid) for pid in run.pids.values())
+
+
+@pytest.mark.slow
+def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
+    flags = ["--rehearse", "1", "--epochs", "4", "--steps-per-epoch", "60",
+             "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
+             "--output-dir", str(tmp_path / "out")]
+    run = launch(2, flags)
+    assert run.read_until(r"\[worker 0\] Epoch 3/4"), "\n".join(run.lines)
+    os.kill(run.pids[1], signal.SIGKILL)
+    assert run.finish(timeout=240)[0] == 1
+    again = launch(2, flags)  # the same command: TensorFlow's fault-tolerance pattern
+    status, err = again.finish()
+    assert status == 0, "\n".join(again.lines[-20:]) + err
+    assert sum("resuming from" in line and "2 of 4 epochs done" in line
+               for line in again.lines) == 2  # both workers
+    assert not any(re.search(r"Epoch [12]/4", line) for line in again.lines)
+    record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
+    assert record["resumed_from_epoch"] == 2 and len(record["loss"]) == 4
+    assert not (tmp_path / "backup").exists()

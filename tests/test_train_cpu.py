@@ -136,12 +136,12 @@ def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
 
 
 def test_epoch_timer_separates_training_from_validation(monkeypatch):
-    from pyimagesearch import train
+    from pyimagesearch import callbacks
 
     clock = iter([10.0, 13.0, 14.5,   # epoch 1: begin, validation begins, end
                   20.0, 22.0])        # epoch 2: begin, end (no validation)
-    monkeypatch.setattr(train.time, "perf_counter", lambda: next(clock))
-    timer = train.EpochTimer()
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(clock))
+    timer = callbacks.EpochTimer()
     timer.on_epoch_begin(0)
     timer.on_test_begin()
     timer.on_test_begin()  # a second evaluation pass does not move the mark
