@@ -2,14 +2,17 @@
 
     python train_cpu.py && python train_tpu.py --rehearse 8
     python compare.py                      # reads outputs/*.json
-    python compare.py --output-dir runs/   # another folder of run records
+    python compare.py outputs outputs/quoted/large_batch/*/ --output-dir /tmp/cmp
 
 Reads every run record (cpu.json, gpu.json, tpu.json, *_rehearsal.json) in
-the folder, prints Table 1 as Markdown and writes it to comparison.md, and
+the folders given (default: outputs), prints Table 1 as Markdown and writes
+it to comparison.md in --output-dir (default: the first folder), and
 draws comparison.png: the same 8 validation digits reconstructed by every
-model found beside its record, with a bar chart of seconds per epoch. The
-first epoch is reported apart from the rest, since it includes tracing (and
-on a TPU, compilation). A file that is not a run record is named and skipped.
+model found beside its record, with a bar chart of seconds per epoch. Runs
+are named by their file (cpu, tpu_rehearsal); where two folders hold runs of
+the same name, by folder and file (fixed_steps/tpu_rehearsal). The first
+epoch is reported apart from the rest, since it includes tracing (and on a
+TPU, compilation). A file that is not a run record is named and skipped.
 """
 import argparse
 import json
@@ -87,19 +90,23 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def _wrap(stem, width=14):
-    """Break a long run name at underscores so column titles do not overlap."""
-    lines = [""]
-    for part in stem.split("_"):
-        if lines[-1] and len(lines[-1]) + len(part) + 1 > width:
-            lines[-1] += "_"
-            lines.append(part)
-        else:
-            lines[-1] = f"{lines[-1]}_{part}" if lines[-1] else part
+def _wrap(name, width=14):
+    """Break a long run name at slashes and underscores so column titles do not overlap."""
+    lines = []
+    pieces = name.split("/")  # folder/file where names repeat
+    for index, piece in enumerate(pieces):
+        current = ""
+        for part in piece.split("_"):
+            if current and len(current) + len(part) + 1 > width:
+                lines.append(current + "_")
+                current = part
+            else:
+                current = f"{current}_{part}" if current else part
+        lines.append(current + ("/" if index < len(pieces) - 1 else ""))
     return "\n".join(lines)
 
 
-def comparison_figure(records, folder, source):
+def comparison_figure(runs, source):
     """Input digits and each model's reconstruction in columns, plus epoch times."""
     import keras
     import numpy as np
@@ -111,12 +118,13 @@ def comparison_figure(records, folder, source):
 
     cpu_strategy()  # quiet device discovery; a comparison needs no accelerator
 
+    records = {name: record for name, (_, _, record) in runs.items()}
     models = {}
-    for stem in records:
+    for name, (folder, stem, _) in runs.items():
         path = os.path.join(folder, f"{stem}.keras")
         if os.path.exists(path):
             try:
-                models[stem] = keras.saving.load_model(path)
+                models[name] = keras.saving.load_model(path)
             except Exception as error:  # a damaged model file is reported, not fatal
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
     data_dir = resolve_data_dir(None) if source == "tfds" else None
@@ -133,14 +141,14 @@ def comparison_figure(records, folder, source):
         axis.set_axis_off()
         if row == 0:
             axis.set_title("input", fontsize=9)
-    for column, (stem, model) in enumerate(models.items(), start=1):
+    for column, (name, model) in enumerate(models.items(), start=1):
         predictions = np.asarray(model(digits, training=False))
         for row, prediction in enumerate(predictions):
             axis = figure.add_subplot(grid[row, column])
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
             axis.set_axis_off()
             if row == 0:
-                axis.set_title(f"{_wrap(stem)}\nval {records[stem]['val_loss'][-1]:.4f}",
+                axis.set_title(f"{_wrap(name)}\nval {records[name]['val_loss'][-1]:.4f}",
                                fontsize=7)
     bars = figure.add_subplot(grid[:, columns:])
     stems = list(records)
@@ -157,27 +165,48 @@ def comparison_figure(records, folder, source):
     return figure
 
 
+def gather(folders):
+    """{row name: (folder, stem, record)} over `folders`, names unique (see the docstring)."""
+    found = [(folder, stem, record) for folder in folders
+             for stem, record in load_records(folder).items()]
+    stems = [stem for _, stem, _ in found]
+    rows = {}
+    for folder, stem, record in found:
+        name = stem
+        if stems.count(stem) > 1:
+            name = f"{os.path.basename(os.path.normpath(folder))}/{stem}"
+        if name in rows:
+            raise UserError(f"two folders called {os.path.basename(os.path.normpath(folder))} "
+                            f"both hold a {stem} run; give folders with different names")
+        rows[name] = (folder, stem, record)
+    return rows
+
+
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", default=config.BASE_IMG_PATH,
-                        help="folder with run records; also where the comparison "
-                             "goes (default %(default)s)")
+    parser.add_argument("folders", nargs="*", default=[config.BASE_IMG_PATH],
+                        help="folders with run records (default %(default)s)")
+    parser.add_argument("--output-dir", default=None,
+                        help="where comparison.md and comparison.png go (default: the "
+                             "first folder)")
     parser.add_argument("--digits-from", choices=("sample", "tfds"), default="sample",
                         help="whose validation digits the figure shows; tfds reads "
                              "$TFDS_DATA_DIR (default %(default)s: works offline)")
     parser.add_argument("--with-article", action="store_true",
                         help="append the article's own figures, labelled, to the table")
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.output_dir):
-        raise UserError(f"{args.output_dir} is not a folder")
-    records = load_records(args.output_dir)
-    if not records:
-        raise UserError(f"no run records in {args.output_dir}; run train_cpu.py, "
-                        "train_gpu.py or train_tpu.py first")
-    cli.check_output_dir(args.output_dir)
+    for folder in args.folders:
+        if not os.path.isdir(folder):
+            raise UserError(f"{folder} is not a folder")
+    runs = gather(args.folders)
+    if not runs:
+        raise UserError(f"no run records in {', '.join(args.folders)}; run "
+                        "train_cpu.py, train_gpu.py or train_tpu.py first")
+    output_dir = args.output_dir or args.folders[0]
+    cli.check_output_dir(output_dir)
 
-    rows = [table_row(stem, record) for stem, record in records.items()]
+    rows = [table_row(name, record) for name, (_, _, record) in runs.items()]
     table = markdown_table(rows)
     if args.with_article:
         table += "\n\nThe article's Table 1, for reference (its machines, full MNIST):\n\n"
@@ -186,13 +215,12 @@ def main(argv=None):
 
     from pyimagesearch.outputs import StagedOutputs
 
-    with StagedOutputs(args.output_dir) as staged:
+    with StagedOutputs(output_dir) as staged:
         with open(staged.path("comparison.md"), "w") as handle:
             handle.write(table + "\n")
-        figure = comparison_figure(records, args.output_dir, args.digits_from)
+        figure = comparison_figure(runs, args.digits_from)
         figure.savefig(staged.path("comparison.png"), format="png", dpi=80)
-    print(f"[INFO] wrote {os.path.join(args.output_dir, 'comparison.md')} and comparison.png")
-
+    print(f"[INFO] wrote {os.path.join(output_dir, 'comparison.md')} and comparison.png")
 
 if __name__ == "__main__":
     cli.run_main(main, sys.argv[1:])

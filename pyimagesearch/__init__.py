@@ -5,7 +5,15 @@ the training routine that train_cpu.py, train_gpu.py and train_tpu.py share.
 Importing the package registers `AutoEncoder` and `MSELoss` with Keras, so a
 saved `outputs/cpu.keras` loads back with `keras.saving.load_model`.
 """
-from pyimagesearch.quiet import native_stderr_quiet
+import os
+
+from pyimagesearch.quiet import VERBOSE_ENV, native_stderr_quiet
+
+if not os.environ.get(VERBOSE_ENV):
+    # TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a
+    # strategy feeds its devices) are not for readers; warnings and errors
+    # still show. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 with native_stderr_quiet():
     import tensorflow  # noqa: F401  (its C++ start-up notices are not for readers)

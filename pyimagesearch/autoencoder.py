@@ -24,7 +24,9 @@ class AutoEncoder(keras.Model):
                                    padding="same"),
             layers.Conv2DTranspose(16, 3, strides=2, activation="relu",
                                    padding="same"),
-            layers.Conv2D(1, 3, activation="sigmoid", padding="same"),
+            # float32 under mixed precision too: the output and the loss
+            # keep full precision (a no-op under the default float32)
+            layers.Conv2D(1, 3, activation="sigmoid", padding="same", dtype="float32"),
         ], name="decoder")
 
     def call(self, x):

@@ -13,6 +13,7 @@ from pyimagesearch import config
 from pyimagesearch.data import SOURCES
 from pyimagesearch.errors import PeerLost, UserError, first_line
 from pyimagesearch.outputs import figure_path
+from pyimagesearch.precision import PRECISIONS
 
 EXIT_USER_ERROR = 2
 OPTIMIZERS = ("adam", "sgd")
@@ -96,10 +97,12 @@ def build_parser(device, description):
              "divided by the global batch; more steps fight the large-batch blur)")
     parser.add_argument("--data-source", choices=SOURCES, default="auto",
                         help="where MNIST comes from (default %(default)s: tfds if "
-                             "prepared or downloadable, else the 5,000-digit sample)")
+                             "prepared or downloadable, else the 5,000-digit sample; "
+                             "tfrecord: a folder write_tfrecords.py wrote)")
     parser.add_argument("--data-dir", default=None,
                         help="tensorflow_datasets data dir (default: $TFDS_DATA_DIR, "
-                             "else tfds' own default)")
+                             "else tfds' own default); with --data-source tfrecord, "
+                             "the TFRecord folder, local or gs://...")
     parser.add_argument("--output-dir", default=os.path.dirname(figure_path(device)) or ".",
                         help="where the figure, run record and model go: a folder "
                              "or a bucket, gs://... (default %(default)s, the folder "
@@ -117,6 +120,13 @@ def build_parser(device, description):
     parser.add_argument("--loop", choices=LOOPS, default="fit",
                         help="model.fit, or the explicit custom loop with "
                              "tf.nn.compute_average_loss (default %(default)s)")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="float32",
+        help="compute precision (default %(default)s, the article's): mixed_float16 "
+             "for NVIDIA GPUs with tensor cores (with loss scaling), mixed_bfloat16 for "
+             "TPUs" + (", their native format" if on_tpu else "") + ", and recent CPUs")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="compile the train step with XLA")
     parser.add_argument("--backup-dir", default=None, metavar="DIR",
                         help="back up model and optimizer state here (a folder or "
                              "gs://...) at every epoch end; the same command after a "

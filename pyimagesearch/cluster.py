@@ -109,6 +109,7 @@ def multi_worker_strategy(cluster, rehearse=None):
 
     from pyimagesearch import strategy as strategies
 
+    strategies.plain_device_buffers()
     if rehearse:
         strategies.hide_gpus()
         if rehearse > 1:

@@ -11,7 +11,6 @@ DATA_NAME = "mnist"          # tensorflow_datasets name of the dataset
 TRAIN_FLAG = "train"         # split used for training
 VALIDATION_FLAG = "test"     # split used for validation (MNIST has no 'validation')
 SHUFFLE_SIZE = 1024          # shuffle buffer, in images
-IMAGE_SHAPE = (28, 28, 1)    # height, width, channels of an MNIST digit
 TRAIN_IMAGES = 60_000        # images in one epoch: MNIST's training split
 VALIDATION_IMAGES = 10_000   # images in MNIST's test split
 SAMPLE_VALIDATION_FRACTION = 0.1  # of the 5,000-digit sample held out, per class

@@ -31,7 +31,7 @@ def execution_sizes(steps_per_epoch, steps_per_execution):
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                global_batch_size, steps_per_execution=1, callbacks=(), initial_epoch=0,
-               verbose=True):
+               jit_compile=False, verbose=True):
     """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
 
     `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
@@ -41,7 +41,10 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     hooks `fit` would call: train begin and end, epoch begin and end (with
     the logs), test begin, and a batch begin and end per execution (the logs
     say how many `steps` it ran). Epochs start at `initial_epoch` (a resumed
-    run), as in `fit`.
+    run), as in `fit`. `jit_compile` compiles each replica's step with XLA.
+    Under mixed_float16 the optimizer is a LossScaleOptimizer: the loss is
+    scaled up before the gradients are taken, and `apply_gradients` scales
+    them back down (and skips a step whose gradients overflowed).
     """
     optimizer = model.optimizer
     with strategy.scope():
@@ -49,13 +52,16 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
         # lazily inside strategy.run where new variables are not allowed
         optimizer.build(model.trainable_variables)
 
+    @tf.function(jit_compile=jit_compile)
     def train_step(images, targets):
         with tf.GradientTape() as tape:
             pred = model(images, training=True)
             # sum over this replica's images divided by the GLOBAL batch
             loss = tf.nn.compute_average_loss(
                 per_image_mse(targets, pred), global_batch_size=global_batch_size)
-        gradients = tape.gradient(loss, model.trainable_variables)
+            # a no-op unless the optimizer scales losses (mixed_float16)
+            scaled = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 

@@ -30,6 +30,7 @@ def hide_gpus():
 
 def cpu_strategy():
     """All work on /cpu:0, even when a GPU is visible."""
+    plain_device_buffers()
     hide_gpus()
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
@@ -100,6 +101,7 @@ def _no_gpu_message(log):
 
 def gpu_strategy():
     """MirroredStrategy over every visible GPU (one GPU is the article's case)."""
+    plain_device_buffers()
     with native_stderr_quiet() as captured:
         gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -107,17 +109,21 @@ def gpu_strategy():
     return tf.distribute.MirroredStrategy()
 
 
-def _no_autotune_on_device_buffers():
-    """Turn off tf.data autotuning on MirroredStrategy's per-device input buffers.
+def plain_device_buffers():
+    """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
 
-    Each replica's input buffer is a small tf.data pipeline of its own, with
-    autotuning on by default and nothing to tune. Tearing one down waits for
-    its autotuning thread to wake up, and Keras tears them down between
-    epochs: with 8 logical CPU devices (TF 2.21) epochs of 6 s took 20 to
-    140 s, the process idle, and the end of training stalled for minutes.
-    With autotuning off there, epochs take 6.5 s. The hook is private
-    TensorFlow API: where it is missing nothing is changed, and a warning
-    says so once, since rehearsals may then stall again.
+    Every strategy hands each replica its batches through a small tf.data
+    pipeline of its own (a generator feeding a prefetch of 1), with
+    autotuning on and TensorFlow's default rewrites, and nothing to tune or
+    rewrite. Two things follow. Tearing a buffer down waits for its
+    autotuning thread to wake up, and Keras tears them down between epochs:
+    with 8 logical CPU devices (TF 2.21) epochs of 6 s took 20 to 140 s, the
+    process idle, and the end of training stalled for minutes (6.5 s with
+    autotuning off). And the attempted rewrite of a generator logs a warning
+    on every run ("Input of GeneratorDatasetOp::Dataset will not be
+    optimized"). The hook is private TensorFlow API: where it is missing
+    nothing is changed, and a warning says so once, since rehearsals may
+    then stall again.
     """
     try:
         from tensorflow.python.data.ops import multi_device_iterator_ops as ops
@@ -131,6 +137,7 @@ def _no_autotune_on_device_buffers():
         return  # patched already (a second rehearsal in one process)
     options = tf.data.Options()
     options.autotune.enabled = False
+    options.experimental_optimization.apply_default_optimizations = False
 
     def create_device_dataset(*args, **kwargs):
         return original(*args, **kwargs).with_options(options)
@@ -160,6 +167,7 @@ def rehearsal_strategy(replicas):
     only slower. If the process already has at least that many logical CPUs
     (a test session, say), the first `replicas` of them are used.
     """
+    plain_device_buffers()
     if replicas < 1:
         raise UserError(f"--rehearse needs at least 1 device, got {replicas}")
     hide_gpus()
@@ -173,7 +181,6 @@ def rehearsal_strategy(replicas):
     if len(devices) < replicas:
         raise UserError(f"cannot rehearse on {replicas} devices: TensorFlow already "
                         f"started with {len(devices)} CPU devices in this process")
-    _no_autotune_on_device_buffers()
     # reduce through one device: collective all-reduce keys would clash
     # between rehearsals of different sizes in one process (tests do that)
     return tf.distribute.MirroredStrategy(
@@ -252,6 +259,7 @@ def _find_tpu(tpu):
 
 def tpu_strategy(tpu=None):
     """Find, connect to and initialise the TPU system, then build a TPUStrategy."""
+    plain_device_buffers()
     resolver = _find_tpu(tpu)
     connected = False
     try:

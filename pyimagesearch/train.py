@@ -16,14 +16,15 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.autoencoder import IMAGE_SHAPE, AutoEncoder
 from pyimagesearch.callbacks import make_callbacks
 from pyimagesearch.cluster import peer_loss_reported
 from pyimagesearch.data import (figure_digits, get_data, load_images, resolve_data_dir,
-                                resolve_source, usable_images)
+                                resolve_source, split_size, usable_images)
 from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
+from pyimagesearch.precision import set_precision, with_loss_scaling
 from pyimagesearch.outputs import (StagedOutputs, figure_path, join, reconstruction_figure,
                                    write_json)
 
@@ -133,7 +134,7 @@ def validation_data(strategy, plan, source, data_dir):
     Keras' validation_steps, because Keras rounds those up to whole multiples
     of steps_per_execution.
     """
-    count = len(load_images(config.DATA_NAME, config.VALIDATION_FLAG, source, data_dir))
+    count = split_size(config.DATA_NAME, config.VALIDATION_FLAG, source, data_dir)
     if plan.fixed_validation:
         batches = max(1, count // plan.global_batch_size)
         if plan.global_batch_size == config.TPU_BATCH_SIZE:
@@ -190,6 +191,12 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     numAcc = strategy.num_replicas_in_sync
     print(f"[INFO] number of accelerators: {numAcc}")
     plan = plan_run(device, args, numAcc, rehearsal)
+    if args.jit_compile and rehearsal and strategy.extended.worker_devices[1:]:
+        # XLA compiles the step for CPU:0 and then cannot reach the variables
+        # of the other logical CPUs ("Trying to access resource ... located
+        # in device CPU:1 from device CPU:0"); real GPUs each compile their own
+        raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
+                        "in one process; use --rehearse 1, or leave out --jit-compile")
     print(f"[INFO] global batch {plan.global_batch_size} "
           f"({plan.global_batch_size // numAcc} per replica), "
           f"{plan.steps_per_epoch} steps per epoch, "
@@ -226,21 +233,26 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     with strategy.scope():
         # model, loss and optimizer must be created inside the scope so that
         # their variables are mirrored on every replica
-        print("[INFO] initializing the model...")
+        print(f"[INFO] initializing the model ({args.precision}"
+              + (", XLA" if args.jit_compile else "") + ")...")
+        set_precision(args.precision)  # before the model's layers are made
         model = AutoEncoder()
         # divide by the replica count: Keras sums the replicas' gradients
         mseLoss = MSELoss(scale=numAcc)
-        model.compile(loss=mseLoss,
-                      optimizer=make_optimizer(args.optimizer, learning_rate),
-                      steps_per_execution=plan.steps_per_execution)
-        model.build((None, *config.IMAGE_SHAPE))  # a backup is restored into it
+        optimizer = with_loss_scaling(make_optimizer(args.optimizer, learning_rate),
+                                      args.precision)
+        model.compile(loss=mseLoss, optimizer=optimizer,
+                      steps_per_execution=plan.steps_per_execution,
+                      jit_compile=args.jit_compile)
+        model.build((None, *IMAGE_SHAPE))  # a backup is restored into it
         print(f"[INFO] training the autoencoder ({loop} loop)...")
         with peer_loss_reported(cluster):
             if loop == "custom":
                 history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
                                      plan.steps_per_epoch, plan.global_batch_size,
                                      steps_per_execution=plan.steps_per_execution,
-                                     callbacks=callbacks, initial_epoch=initialEpoch)
+                                     callbacks=callbacks, initial_epoch=initialEpoch,
+                                     jit_compile=args.jit_compile)
             else:
                 # one line per epoch where the output is not a terminal (a log file)
                 history = model.fit(trainDs, epochs=args.epochs,
@@ -257,7 +269,8 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     record = run_record(args, strategy, plan, source, data_dir,
                         backup.history if backup else history, timer, learning_rate,
                         started)
-    record.update(loop=loop, workers=cluster.workers if cluster else 1,
+    record.update(loop=loop, precision=args.precision, jit_compile=args.jit_compile,
+                  workers=cluster.workers if cluster else 1,
                   resumed_from_epoch=initialEpoch, validation_steps=validationSteps,
                   validation_images=validationImages,
                   validation_split_images=int(len(valSplit)))
@@ -280,6 +293,7 @@ def backup_identity(args, plan, loop, source):
     return {"run": plan.name, "model": AutoEncoder.__name__,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": loop,
+            "precision": args.precision,
             "optimizer": args.optimizer, "data_source": source.label}
 
 
@@ -306,8 +320,8 @@ def run_record(args, strategy, plan, source, data_dir, history, timer, learning_
         "seed": args.seed,
         "data_source": source.label,
         "data_source_reason": source.reason,
-        "train_images": int(len(load_images(config.DATA_NAME, config.TRAIN_FLAG,
-                                            source.name, data_dir))),
+        "train_images": split_size(config.DATA_NAME, config.TRAIN_FLAG, source.name,
+                                   data_dir),
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,
         "epoch_seconds": timer.epoch_seconds,

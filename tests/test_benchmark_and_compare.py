@@ -1,4 +1,4 @@
-"""matmul_benchmark.py's statistics and compare.py on records of tiny real runs."""
+"""compare.py on records of tiny real runs: Table 1, the figure, bad records."""
 import json
 import shutil
 import subprocess
@@ -27,7 +27,7 @@ def test_compare_builds_table_and_figure(run_folder, tmp_path, capsys):
     shutil.copytree(run_folder, folder)
     (folder / "broken.json").write_text("{ not json")
     (folder / "foreign.json").write_text(json.dumps({"name": "package.json"}))
-    compare.main(["--output-dir", str(folder)])
+    compare.main([str(folder)])
     out, err = capsys.readouterr()
     rows = [line for line in out.splitlines() if line.startswith("| cpu")
             or line.startswith("| tpu_rehearsal")]
@@ -48,7 +48,7 @@ def test_compare_row_separates_the_first_epoch():
 
 
 def test_compare_without_records_is_one_line(repo, tmp_path):
-    result = subprocess.run([sys.executable, "compare.py", "--output-dir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "compare.py", str(tmp_path)],
                             cwd=repo, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

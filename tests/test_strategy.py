@@ -234,8 +234,8 @@ def test_the_rehearsal_hook_exists_in_this_tensorflow():
     assert callable(getattr(_device_buffer_hook(), "_create_device_dataset", None))
 
 
-def test_rehearsal_turns_autotuning_off_on_device_buffers(monkeypatch):
-    rehearsal = strategy.rehearsal_strategy(2)
+def test_every_strategy_gets_plain_device_buffers(monkeypatch):
+    rehearsal = strategy.get_strategy("gpu", rehearse=2)
     ops = _device_buffer_hook()
     patched = ops._create_device_dataset
     assert getattr(patched, "_pyimagesearch", False)
@@ -250,12 +250,15 @@ def test_rehearsal_turns_autotuning_off_on_device_buffers(monkeypatch):
     dataset = tf.data.Dataset.range(8).batch(4)
     next(iter(rehearsal.experimental_distribute_dataset(dataset)))
     assert made and all(ds.options().autotune.enabled is False for ds in made)
+    # no rewrite of the generator, so no "will not be optimized" warning
+    assert all(ds.options().experimental_optimization.apply_default_optimizations is False
+               for ds in made)
 
 
 def test_a_missing_rehearsal_hook_is_reported_once(monkeypatch, capsys):
     monkeypatch.delattr(_device_buffer_hook(), "_create_device_dataset")
     monkeypatch.setattr(strategy, "_hook_missing_warned", False)
-    strategy._no_autotune_on_device_buffers()
-    strategy._no_autotune_on_device_buffers()
+    strategy.plain_device_buffers()
+    strategy.plain_device_buffers()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "rehearsal epochs may stall" in lines[0]

@@ -1,0 +1,120 @@
+"""Mixed precision and XLA on the training scripts, and the first things a new user meets."""
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import compare
+import train_cpu
+import train_gpu
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.errors import UserError
+from pyimagesearch.loop import fit_custom
+from pyimagesearch.loss import MSELoss
+from pyimagesearch.precision import set_precision, with_loss_scaling
+
+SHORT = ["--epochs", "2", "--steps-per-epoch", "60", "--batch-size", "64",
+         "--data-source", "sample"]
+
+
+@pytest.fixture(autouse=True)
+def _float32_afterwards():
+    yield
+    set_precision("float32")  # the policy is process-wide
+
+
+def _check_run(record_path, model_path, precision):
+    record = json.loads(record_path.read_text())
+    assert record["precision"] == precision
+    assert np.isfinite(record["loss"]).all() and record["loss"][-1] < record["loss"][0]
+    assert record["val_loss"][-1] < 0.1
+    model = keras.saving.load_model(model_path)
+    output = model(np.zeros((1, 28, 28, 1), "float32"), training=False)
+    assert output.dtype == tf.float32  # the last layer stays float32
+    return record, model
+
+
+def test_bfloat16_trains_with_a_float32_output(tmp_path):
+    train_cpu.main(SHORT + ["--precision", "mixed_bfloat16", "--output-dir", str(tmp_path)])
+    _, model = _check_run(tmp_path / "cpu.json", tmp_path / "cpu.keras", "mixed_bfloat16")
+    assert model.encoder.layers[0].compute_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_float16_on_a_rehearsal_trains_with_loss_scaling(tmp_path, loop):
+    train_gpu.main(SHORT + ["--rehearse", "2", "--precision", "mixed_float16", "--loop", loop,
+                            "--output-dir", str(tmp_path)])
+    _check_run(tmp_path / "gpu_rehearsal.json", tmp_path / "gpu_rehearsal.keras",
+               "mixed_float16")
+
+
+def _one_custom_step(precision, images):
+    """Weights before and after one SGD step of the custom loop under `precision`."""
+    keras.utils.set_random_seed(0)
+    set_precision(precision)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = AutoEncoder()
+        optimizer = with_loss_scaling(keras.optimizers.SGD(1.0), precision)
+        model.compile(loss=MSELoss(), optimizer=optimizer)
+    before = [w.numpy() for w in model.trainable_weights]
+    data = tf.data.Dataset.from_tensor_slices((images, images)).batch(len(images))
+    fit_custom(model, strategy, data.repeat(), data, epochs=1, steps_per_epoch=1,
+               global_batch_size=len(images), verbose=False)
+    return model, [w.numpy() - b for w, b in zip(model.trainable_weights, before)]
+
+
+def test_custom_loop_scales_and_unscales_a_float16_loss():
+    images = np.random.default_rng(3).random((16, 28, 28, 1)).astype("float32")
+    _, reference = _one_custom_step("float32", images)
+    model, update = _one_custom_step("mixed_float16", images)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert float(model.optimizer.dynamic_scale) > 1  # the loss really was scaled
+    # the applied update (SGD, rate 1: minus the gradient) is the float32 one
+    # within float16's precision: unscaled, neither lost nor 32,768 times too big
+    for step, expected in zip(update, reference):
+        error = np.linalg.norm(step - expected) / np.linalg.norm(expected)
+        assert error < 0.05, error  # float16 compute: a few per cent, not 32,768x
+
+
+def test_xla_trains_and_is_recorded(tmp_path):
+    train_cpu.main(SHORT + ["--jit-compile", "--output-dir", str(tmp_path)])
+    record, _ = _check_run(tmp_path / "cpu.json", tmp_path / "cpu.keras", "float32")
+    assert record["jit_compile"] is True
+
+
+def test_xla_is_refused_on_several_logical_devices(tmp_path):
+    with pytest.raises(UserError, match="--jit-compile cannot rehearse"):
+        train_gpu.main(SHORT + ["--rehearse", "2", "--jit-compile",
+                                "--output-dir", str(tmp_path)])
+
+
+def test_redirected_output_has_no_terminal_escapes(repo, tmp_path):
+    result = subprocess.run([sys.executable, "train_cpu.py", *SHORT,
+                             "--output-dir", str(tmp_path)], cwd=repo, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr
+    assert "Epoch 2/2" in result.stdout  # one line per epoch instead of a progress bar
+    # TensorFlow's INFO lines and the generator rewrite warning are gone
+    assert "Memory patch applied" not in result.stderr
+    assert "will not be optimized" not in result.stderr
+
+
+def test_compare_takes_several_folders(tmp_path, capsys):
+    for folder in ("a", "b"):
+        train_cpu.main(["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
+                        "--data-source", "sample", "--output-dir", str(tmp_path / folder)])
+    train_gpu.main(["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
+                    "--data-source", "sample", "--rehearse", "2",
+                    "--output-dir", str(tmp_path / "b")])
+    compare.main([str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir",
+                  str(tmp_path / "cmp")])
+    rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith(("| run", "| ---"))]
+    assert rows == ["a/cpu", "b/cpu", "gpu_rehearsal"]  # repeated names get their folder
+    assert (tmp_path / "cmp" / "comparison.png").exists()
