@@ -118,3 +118,15 @@ def test_compare_takes_several_folders(tmp_path, capsys):
             if line.startswith("| ") and not line.startswith(("| run", "| ---"))]
     assert rows == ["a/cpu", "b/cpu", "gpu_rehearsal"]  # repeated names get their folder
     assert (tmp_path / "cmp" / "comparison.png").exists()
+
+
+def test_the_levers_benchmark_reports_every_set_up(tmp_path):
+    import benchmark_levers
+
+    out = tmp_path / "levers.json"
+    benchmark_levers.main(["--steps", "3", "--trials", "1", "--batch-size", "32",
+                           "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["median_seconds"]) == {"float32", "mixed_bfloat16", "xla"}
+    assert all(value > 0 for value in result["median_seconds"].values())
+    assert result["speedup_over_float32"]["float32"] == 1.0

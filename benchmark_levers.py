@@ -1,0 +1,111 @@
+"""What mixed precision and XLA give on this machine: epochs timed in one process.
+
+    python benchmark_levers.py                       # CPU: float32, bfloat16, XLA
+    python benchmark_levers.py --device gpu --batch-size 1024 --json gpu_1024.json
+
+Each set-up trains the article's autoencoder on the same data, batch and
+optimizer with `train_cpu.py`'s pipeline, taking turns over `--trials`
+rounds; a trial is two epochs and keeps the second (the first includes
+tracing and XLA compilation). Reported: the median seconds of an epoch of
+`--steps` steps and the speed-up over float32 in the same process.
+
+- float32: the article's set-up;
+- mixed_bfloat16, mixed_float16: Keras mixed-precision policies (float16
+  with loss scaling, as `--precision mixed_float16` trains);
+- xla: float32 with `jit_compile=True`.
+
+On a CPU, mixed_float16 runs through slow emulation on most machines and is
+left out unless asked for with --setups.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+from pyimagesearch import cli, config
+
+SETUPS = {"float32": ("float32", False), "mixed_bfloat16": ("mixed_bfloat16", False),
+          "mixed_float16": ("mixed_float16", False), "xla": ("float32", True)}
+DEFAULT_SETUPS = {"cpu": ("float32", "mixed_bfloat16", "xla"),
+                  "gpu": ("float32", "mixed_float16", "xla")}
+
+
+def time_epoch(dataset, steps, precision, jit_compile, strategy):
+    """Seconds of the second of two training epochs of `steps` steps."""
+    import keras
+
+    from pyimagesearch.autoencoder import AutoEncoder
+    from pyimagesearch.callbacks import EpochTimer
+    from pyimagesearch.loss import MSELoss
+    from pyimagesearch.precision import set_precision, with_loss_scaling
+    from pyimagesearch.train import make_optimizer, steps_per_execution
+
+    with strategy.scope():
+        set_precision(precision)
+        model = AutoEncoder()
+        optimizer = with_loss_scaling(make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
+                                      precision)
+        model.compile(loss=MSELoss(), optimizer=optimizer, jit_compile=jit_compile,
+                      steps_per_execution=steps_per_execution(steps))
+        timer = EpochTimer()
+        model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=[timer],
+                  shuffle=False, verbose=0)
+    set_precision("float32")
+    keras.backend.clear_session()
+    return timer.train_seconds[1]
+
+
+def main(argv=None):
+    parser = cli.OneLineParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--setups", nargs="+", choices=tuple(SETUPS), default=None,
+                        help="set-ups to time (default: float32, the 16-bit type the "
+                             "device is made for, xla)")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=config.BATCH_SIZE,
+                        help="batch (default %(default)s)")
+    parser.add_argument("--steps", type=cli.positive_int, default=None,
+                        help="steps per epoch (default: 60,000 images / batch)")
+    parser.add_argument("--trials", type=cli.positive_int, default=3,
+                        help="rounds over the set-ups (default %(default)s)")
+    parser.add_argument("--data-source", choices=("sample", "tfds"), default="sample",
+                        help="the digits (default %(default)s: works offline)")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.json:
+        cli.check_output_file(args.json)
+    setups = args.setups or DEFAULT_SETUPS[args.device]
+    steps = args.steps or config.TRAIN_IMAGES // args.batch_size
+
+    from pyimagesearch import data, strategy
+
+    chosen = strategy.get_strategy(args.device)
+    dataset = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=args.batch_size,
+                            shuffleSize=config.SHUFFLE_SIZE, source=args.data_source,
+                            data_dir=data.resolve_data_dir(None), repeat=True,
+                            drop_remainder=True, seed=config.SEED)
+    seconds = {name: [] for name in setups}
+    for trial in range(args.trials):
+        for name in setups:
+            precision, jit_compile = SETUPS[name]
+            seconds[name].append(time_epoch(dataset, steps, precision, jit_compile, chosen))
+            print(f"[INFO] trial {trial + 1}: {name:15s} {seconds[name][-1]:6.2f} s/epoch",
+                  flush=True)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    baseline = medians.get("float32")
+    print(f"\nepoch of {steps} steps x {args.batch_size} images on {args.device}, "
+          f"median of {args.trials} trials" + ("; speed-up over float32" if baseline else ""))
+    for name, value in medians.items():
+        ratio = f"  {baseline / value:.2f}x" if baseline else ""
+        print(f"  {name:15s} {value:6.2f} s{ratio}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": args.device, "batch_size": args.batch_size, "steps": steps,
+                       "seconds": seconds, "median_seconds": medians,
+                       "speedup_over_float32": {name: baseline / value for name, value
+                                                in medians.items()} if baseline else None,
+                       "command": ["benchmark_levers.py"] + sys.argv[1:]}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    cli.run_main(main, sys.argv[1:])
