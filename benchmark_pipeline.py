@@ -3,16 +3,21 @@
     python prepare_mnist.py --data-dir /tmp/tfds --stand-in   # once, if no MNIST
     python benchmark_pipeline.py --data-dir /tmp/tfds
     python benchmark_pipeline.py --data-dir /tmp/tfds --steps 50 --trials 1   # a quick look
+    python benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
 
-Both pipelines read the same prepared tfds MNIST and feed the same model,
-loss, optimizer and batch (128) on the CPU, in this one process, taking turns.
+Training mode (the default): the pipelines read the same prepared tfds MNIST
+and feed the same model, loss, optimizer and batch (128) on the CPU, in this
+one process, taking turns.
 
 - ``efficient`` is ``pyimagesearch.data.get_data`` as train_cpu.py uses it:
   decode every PNG once, keep uint8 images in memory, shuffle, batch, convert
   a whole batch at once, prefetch.
 - ``article-style`` is how a tfds pipeline is usually written: ``tfds.load``,
   then a per-image ``map`` to float, shuffle and batch every epoch; no cache,
-  so every epoch decodes all 60,000 PNGs again, and no prefetch.
+  so every epoch decodes all 60,000 PNGs again, and no prefetch. (tfds
+  itself would keep a dataset under 250 MiB in memory after its first pass,
+  which hides the decoding for MNIST but for no dataset big enough to need
+  distributed training; that cache is switched off here.)
 
 A third set-up, ``train_cpu.py``, is the efficient pipeline with the
 training script's other speed-up, several steps per call into the compiled
@@ -20,25 +25,46 @@ train function (``steps_per_execution``). Each trial trains two epochs of
 468 steps (``--steps``) and keeps the second (the first includes tracing).
 Speed-ups are article-style seconds over each set-up's, medians over the
 trials; `--json` writes all the figures.
+
+Input-only mode (``--input-only``): no model, the input pipelines alone,
+drained batch by batch inside a compiled function as a training step would
+pull them: the article-style pipeline, the TFRecord reader
+(``--data-source tfrecord``; the TFRecords are written from --data-dir into
+a temporary folder unless --tfrecord-dir names a folder write_tfrecords.py
+wrote), the in-memory pipeline (``data.make_pipeline``), and tfds' own
+in-memory cache of the article-style pipeline for reference. Each trial
+drains one untimed epoch (tracing, opening files, filling the shuffle
+buffer and tfds' cache), then times --epochs more; the figure is images per
+second, the median over the trials.
 """
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
+import tempfile
+import time
 
 from pyimagesearch import cli, config
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
+TFRECORD_SHARDS = 8          # shards per split of the temporary TFRecords
 
 
-def article_style_pipeline(data_dir, batch_size):
-    """tfds.load + per-image map + shuffle + batch, re-read every epoch."""
+def article_style_pipeline(data_dir, batch_size, tfds_cache=False):
+    """tfds.load + per-image map + shuffle + batch; every epoch decodes every PNG again.
+
+    `tfds_cache` lets tfds keep the decoded split in memory after the first
+    epoch, which it does by itself for datasets under 250 MiB such as MNIST.
+    """
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
     dataset = tfds.load(config.DATA_NAME, split=config.TRAIN_FLAG, data_dir=data_dir,
-                        try_gcs=True, as_supervised=True)
+                        try_gcs=True, as_supervised=True,
+                        read_config=tfds.ReadConfig(try_autocache=tfds_cache))
 
     def to_pair(image, label):
         image = tf.cast(image, tf.float32) / 255.0
@@ -48,12 +74,12 @@ def article_style_pipeline(data_dir, batch_size):
     return dataset.batch(batch_size, drop_remainder=True).repeat()
 
 
-def efficient_pipeline(data_dir, batch_size):
-    """train_cpu.py's pipeline."""
+def efficient_pipeline(data_dir, batch_size, source="tfds"):
+    """train_cpu.py's pipeline: in memory from tfds, or the TFRecord reader from a folder."""
     from pyimagesearch.data import get_data
 
     return get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=batch_size,
-                    shuffleSize=config.SHUFFLE_SIZE, source="tfds", data_dir=data_dir,
+                    shuffleSize=config.SHUFFLE_SIZE, source=source, data_dir=data_dir,
                     repeat=True, drop_remainder=True, seed=config.SEED)
 
 
@@ -61,7 +87,8 @@ def time_epoch(dataset, steps, steps_per_execution=1):
     """Seconds of the second of two training epochs on `dataset`."""
     from pyimagesearch.autoencoder import AutoEncoder
     from pyimagesearch.loss import MSELoss
-    from pyimagesearch.train import EpochTimer, make_optimizer
+    from pyimagesearch.callbacks import EpochTimer
+    from pyimagesearch.train import make_optimizer
 
     model = AutoEncoder()
     model.compile(loss=MSELoss(scale=1),
@@ -73,19 +100,132 @@ def time_epoch(dataset, steps, steps_per_execution=1):
     return timer.train_seconds[1]
 
 
+def images_per_second(dataset, steps, epochs, batch_size):
+    """Images per second of each of `epochs` epochs of `steps` batches, after one untimed epoch.
+
+    The batches are pulled inside one compiled function, as a training step
+    pulls them, so no Python runs per batch.
+    """
+    import tensorflow as tf
+
+    iterator = iter(dataset)
+
+    @tf.function
+    def drain(count):
+        checksum = tf.constant(0.0)
+        for _ in tf.range(count):
+            images, _ = next(iterator)
+            checksum += images[0, 0, 0, 0]  # use every batch, so none can be skipped
+        return checksum
+
+    drain(tf.constant(steps)).numpy()  # tracing, files, shuffle buffers, tfds' cache
+    rates = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        drain(tf.constant(steps)).numpy()
+        rates.append(steps * batch_size / (time.perf_counter() - start))
+    return rates
+
+
+def input_only(args, source, command):
+    """Time the input pipelines alone, taking turns; return the figures for --json."""
+    import tensorflow as tf
+
+    from pyimagesearch import data, tfrecords
+    from pyimagesearch.errors import UserError
+    from pyimagesearch.train import _machine
+
+    scratch = None
+    if args.tfrecord_dir is None:
+        scratch = tempfile.mkdtemp(prefix="pyimagesearch-tfrecords-")
+        folder = os.path.join(scratch, "mnist")
+        print(f"[INFO] writing TFRecords of {source.label} into {folder}")
+        tfrecords.write_folder(
+            folder, {split: data.load_examples(config.DATA_NAME, split, source.name,
+                                               source.data_dir)
+                     for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG)},
+            config.DATA_NAME, origin=source.label, origin_reason=source.reason,
+            command=command, shards=TFRECORD_SHARDS)
+    else:
+        folder = args.tfrecord_dir
+    try:
+        records = data.resolve_source("tfrecord", config.DATA_NAME, folder)
+        print(f"[INFO] tfrecord: {records.reason}")
+        sizes = [data.split_size(config.DATA_NAME, config.TRAIN_FLAG, name, where)
+                 for name, where in ((source.name, source.data_dir), ("tfrecord", folder))]
+        if records.origin != source.label or sizes[0] != sizes[1]:
+            raise UserError(f"--tfrecord-dir {folder} holds {sizes[1]:,} training images "
+                                f"from {records.origin}, --data-dir {sizes[0]:,} from "
+                                f"{source.label}: not the same data")
+        batch = config.BATCH_SIZE
+        # name -> a fresh pipeline of (image, image) float batches
+        setups = {
+            "article_style": lambda: article_style_pipeline(source.data_dir, batch),
+            "tfrecord": lambda: efficient_pipeline(folder, batch, source="tfrecord"),
+            "in_memory": lambda: efficient_pipeline(source.data_dir, batch),
+            "article_style_tfds_cache": lambda: article_style_pipeline(
+                source.data_dir, batch, tfds_cache=True),
+        }
+        load = [os.getloadavg()[0]]
+        per_epoch = {name: [] for name in setups}
+        for trial in range(args.trials):
+            for name, build in setups.items():
+                rates = images_per_second(build(), args.steps, args.epochs, batch)
+                per_epoch[name].append(rates)
+                print(f"[INFO] trial {trial + 1}: {name:25s} "
+                      + " ".join(f"{rate:9,.0f}" for rate in rates) + " images/s")
+        load.append(os.getloadavg()[0])
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    # a trial's figure: all its timed images over all its timed seconds
+    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
+                 for name, trials in per_epoch.items()}
+    medians = {name: statistics.median(values) for name, values in per_trial.items()}
+    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
+    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
+          f"{args.trials} trials; speed-up over article-style")
+    for name, value in medians.items():
+        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
+    return {**medians, "speedup_over_article_style": ratios,
+            "trials": per_trial, "epochs": per_epoch,
+            "steps_per_epoch": args.steps, "timed_epochs_per_trial": args.epochs,
+            "batch_size": batch, "shuffle_size": config.SHUFFLE_SIZE,
+            "tfrecord_dir": args.tfrecord_dir or "a temporary folder, deleted",
+            "data": source.reason, "tfrecord_data": records.reason,
+            "command": command,
+            "machine": _machine(), "load_average_1min": {"start": load[0], "end": load[-1]},
+            "tensorflow_version": tf.__version__}
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True,
                         help="tfds data dir with MNIST prepared")
-    parser.add_argument("--trials", type=cli.positive_int, default=2,
-                        help="trials per pipeline (default %(default)s)")
+    parser.add_argument("--trials", type=cli.positive_int, default=None,
+                        help="trials per pipeline (default 2, with --input-only 3)")
     parser.add_argument("--steps", type=cli.positive_int, default=FULL_EPOCH_STEPS,
-                        help="training steps per timed epoch (default %(default)s: "
+                        help="batches per timed epoch (default %(default)s: "
                              f"{config.TRAIN_IMAGES:,} images in batches of "
                              f"{config.BATCH_SIZE})")
+    parser.add_argument("--input-only", action="store_true",
+                        help="time the input pipelines alone, no model: article-style, "
+                             "TFRecords and in-memory")
+    parser.add_argument("--epochs", type=cli.positive_int, default=None,
+                        help="with --input-only: timed epochs per trial, after one "
+                             "untimed (default 2)")
+    parser.add_argument("--tfrecord-dir", default=None,
+                        help="with --input-only: a folder write_tfrecords.py wrote from "
+                             "--data-dir (default: write one into a temporary folder)")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
+    if not args.input_only and (args.epochs or args.tfrecord_dir):
+        parser.error("--epochs and --tfrecord-dir go with --input-only")
+    args.epochs = args.epochs or 2
+    if args.trials is None:
+        args.trials = 3 if args.input_only else 2
     if args.json:
         cli.check_output_file(args.json)
 
@@ -95,6 +235,12 @@ def main(argv=None):
     strategy.cpu_strategy()
     source = data.resolve_source("tfds", config.DATA_NAME, data.resolve_data_dir(args.data_dir))
     print(f"[INFO] data: {source.reason}")
+    if args.input_only:
+        figures = input_only(args, source, ["benchmark_pipeline.py", *argv])
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(figures, handle, indent=2)
+        return
     steps = args.steps
     spe = steps_per_execution(steps)
     # name -> (pipeline, steps per execution)

@@ -92,9 +92,17 @@ def test_network_probe_reports_a_closed_port_as_unreachable():
     assert data.network_reachable(("127.0.0.1", 9), timeout=1.0) is False
 
 
-def test_missing_data_dir_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match="does not exist"):
-        data.resolve_data_dir(str(tmp_path / "nope"))
+def test_a_data_dir_not_there_yet_is_not_prepared_and_not_created(tmp_path, monkeypatch):
+    # as in tfds, which creates its data dir when it downloads
+    missing = str(tmp_path / "not-yet")
+    monkeypatch.setenv("TFDS_DATA_DIR", missing)
+    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
+    assert data.resolve_data_dir(None) == missing
+    assert data.resolve_source("sample", "mnist", missing).name == "sample"
+    assert data.resolve_source("auto", "mnist", missing).name == "sample"
+    with pytest.raises(UserError, match="cannot be reached"):
+        data.resolve_source("tfds", "mnist", missing)
+    assert not (tmp_path / "not-yet").exists()
 
 
 def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):

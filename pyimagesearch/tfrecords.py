@@ -1,0 +1,457 @@
+"""TFRecords, the article's storage format: write shards, describe, verify and read them fast.
+
+A TFRecord folder (a local path or a bucket, gs://...; everything goes
+through `tf.io.gfile`, so tests use ram://) holds:
+
+    train-00000-of-00008.tfrecord ... train-00007-of-00008.tfrecord
+    test-00000-of-00008.tfrecord  ... test-00007-of-00008.tfrecord
+    metadata.json
+
+One `tf.train.Example` per image: its raw uint8 pixels (no PNG to decode
+again), its shape (height, width, channels) and its label. With GZIP the
+shards end in .tfrecord.gz. `metadata.json` gives the counts per split and
+per shard, the image shape, where the images came from and how the folder
+was made; it is written last, so a folder without it never looks finished.
+Each shard is written under a temporary name and renamed when complete.
+
+This module knows the format only: arrays in, arrays and batches of uint8
+images out. `pyimagesearch.data` makes it the "tfrecord" source.
+"""
+import datetime
+import json
+import math
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.outputs import join
+from pyimagesearch.quiet import native_stderr_quiet
+
+METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
+FORMAT = "pyimagesearch-tfrecords"
+FORMAT_VERSION = 1           # bump when the record layout changes
+COMPRESSIONS = {"none": "", "gzip": "GZIP"}  # flag value -> TFRecord compression type
+SUFFIXES = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}
+# ORIGINS: what write_tfrecords.py read. "stand-in" is prepare_mnist.py
+# --stand-in (the sample tiled to MNIST's size), never to pass for MNIST.
+ORIGINS = ("tfds", "stand-in", "sample")
+DEFAULT_SHARDS = 8           # per split: up to 8 workers can each read their own files
+FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),  # raw uint8 pixels, row-major (h, w, c)
+    "shape": tf.io.FixedLenFeature([3], tf.int64),  # height, width, channels
+    "label": tf.io.FixedLenFeature([], tf.int64),   # the digit
+}
+# Reading: 2 shards at a time in parallel, one per core here. Taking 64
+# records from a shard before moving to the next costs the interleave far
+# less than one record per turn, and the shuffle buffer behind it still
+# mixes records of both shards.
+INTERLEAVE_CYCLE = 2
+INTERLEAVE_BLOCK = 64
+PARSE_CALLS = 2              # batches parsed at once (one per core)
+VERIFY_BATCH = 4096          # records parsed per step while verifying a shard
+
+
+# --- writing -----------------------------------------------------------------
+
+def shard_name(split, index, count, compression="none"):
+    """`train-00003-of-00008.tfrecord`: the file name of shard `index` of `count`."""
+    return f"{split}-{index:05d}-of-{count:05d}{SUFFIXES[compression]}"
+
+
+def serialize(image, label):
+    """One image (uint8, (h, w, c)) and its label as a serialized tf.train.Example."""
+    feature = {
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+        "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=list(image.shape))),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def check_destination(folder, overwrite=False):
+    """Refuse to write into a folder that holds finished TFRecords, unless `overwrite`.
+
+    A folder with shards but no metadata is an interrupted write: it is
+    written over without asking.
+    """
+    metadata_path = join(folder, METADATA_NAME)
+    try:
+        finished = tf.io.gfile.exists(metadata_path)
+    except tf.errors.OpError as error:
+        raise UserError(f"cannot look into {folder}: {first_line(error)}") from error
+    if finished and not overwrite:
+        raise UserError(f"{folder} already holds TFRecords ({metadata_path}); "
+                        "pass --overwrite to replace them, or pick another --output-dir")
+    return finished
+
+
+def _write_shard(folder, name, records, compression):
+    """Write `records` to `folder`/`name` under a temporary name, then rename it into place."""
+    final = join(folder, name)
+    temporary = join(folder, f".{name}.tmp")
+    options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
+    try:
+        with tf.io.TFRecordWriter(temporary, options) as writer:
+            for record in records:
+                writer.write(record)
+        tf.io.gfile.rename(temporary, final, overwrite=True)
+    except (OSError, tf.errors.OpError) as error:
+        raise UserError(f"cannot write {final}: {first_line(error)}") from error
+    finally:
+        if tf.io.gfile.exists(temporary):  # a failed write leaves nothing behind
+            tf.io.gfile.remove(temporary)
+    return {"file": name, "records": len(records), "bytes": tf.io.gfile.stat(final).length}
+
+
+def _write_json(path, content):
+    """Write `content` as JSON to `path` atomically (temporary name, then rename)."""
+    temporary = f"{path}.tmp"
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(json.dumps(content, indent=2) + "\n")
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except (OSError, tf.errors.OpError) as error:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise UserError(f"cannot write {path}: {first_line(error)}") from error
+
+
+def _remove_stale(folder, splits, keep):
+    """Delete our shards and temporaries of an earlier write that the new metadata omits."""
+    for split in splits:
+        for pattern in (f"{split}-?????-of-?????.tfrecord*", f".{split}-?????-of-?????.*tmp"):
+            for path in tf.io.gfile.glob(join(folder, pattern)):
+                if path.rsplit("/", 1)[-1] not in keep:
+                    tf.io.gfile.remove(path)
+
+
+def write_folder(folder, splits, dataset, origin, origin_reason, command,
+                 shards=DEFAULT_SHARDS, compression="none", overwrite=False):
+    """Write `splits` ({split: (uint8 images (N, h, w, c), labels)}) as a TFRecord folder.
+
+    Every split gets `shards` files (fewer if it has fewer images), each a
+    contiguous run of the split in its order, so reading the shards in
+    order gives the split back. Returns the metadata.
+    """
+    if origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {ORIGINS}, not {origin!r}")
+    if compression not in COMPRESSIONS:
+        raise UserError(f"unknown compression {compression!r}; "
+                        f"choose one of {', '.join(COMPRESSIONS)}")
+    shapes = {images.shape[1:] for images, _ in splits.values()}
+    if len(shapes) != 1 or any(images.dtype != np.uint8 for images, _ in splits.values()):
+        raise ValueError(f"every split must hold uint8 images of one shape, got {shapes}")
+    replacing = check_destination(folder, overwrite)
+    try:
+        tf.io.gfile.makedirs(folder)
+        if replacing:
+            # from here until the new metadata is in place, the folder reads
+            # as unfinished rather than as the old data
+            tf.io.gfile.remove(join(folder, METADATA_NAME))
+    except (OSError, tf.errors.OpError) as error:
+        raise UserError(f"cannot write to {folder}: {first_line(error)}") from error
+    listing = {}
+    for split, (images, labels) in splits.items():
+        count = min(shards, len(images))
+        if count == 0:
+            raise UserError(f"the {split} split is empty: nothing to write")
+        parts = np.array_split(np.arange(len(images)), count)
+        listing[split] = {"images": int(len(images)), "shards": [
+            _write_shard(folder, shard_name(split, index, count, compression),
+                         [serialize(images[i], labels[i]) for i in part], compression)
+            for index, part in enumerate(parts)]}
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dataset": dataset,
+        "source": origin,
+        "source_reason": origin_reason,
+        "image_shape": [int(side) for side in shapes.pop()],
+        "dtype": "uint8",
+        "compression": compression,
+        "features": {"image": "bytes: raw uint8 pixels, row-major (height, width, channels)",
+                     "shape": "int64 x 3: height, width, channels",
+                     "label": "int64: the class"},
+        "splits": listing,
+        "made_by": {"command": command,
+                    "date": datetime.datetime.now(datetime.timezone.utc)
+                    .isoformat(timespec="seconds"),
+                    "tensorflow_version": tf.__version__},
+    }
+    _write_json(join(folder, METADATA_NAME), metadata)
+    _remove_stale(folder, listing, {shard["file"] for entry in listing.values()
+                                    for shard in entry["shards"]})
+    return metadata
+
+
+# --- metadata ----------------------------------------------------------------
+
+def read_metadata(folder):
+    """The folder's metadata, checked for what the reader needs; UserError naming the file."""
+    path = join(folder, METADATA_NAME)
+    try:
+        if not tf.io.gfile.isdir(folder):
+            raise UserError(f"TFRecord folder {folder} does not exist "
+                            "(write one with write_tfrecords.py)")
+        if not tf.io.gfile.exists(path):
+            shards = tf.io.gfile.glob(join(folder, "*-of-*.tfrecord*"))
+            raise UserError(
+                f"{path} is missing: " + (
+                    f"{folder} has {len(shards)} shard files but no metadata, an "
+                    "unfinished write; run write_tfrecords.py again" if shards else
+                    f"{folder} holds no TFRecords; write them with write_tfrecords.py"))
+        with tf.io.gfile.GFile(path, "r") as handle:
+            text = handle.read()
+    except tf.errors.OpError as error:
+        raise UserError(f"cannot read {path}: {first_line(error)}") from error
+    try:
+        metadata = json.loads(text)
+    except ValueError as error:
+        raise UserError(f"{path} is not valid JSON ({error}); run write_tfrecords.py "
+                        "again") from error
+    _check_metadata(path, metadata)
+    return metadata
+
+
+def _check_metadata(path, metadata):
+    """Raise a UserError naming `path` unless `metadata` has the layout this reader knows."""
+    def fail(problem):
+        raise UserError(f"{path}: {problem}; run write_tfrecords.py again")
+
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        fail(f"not a {FORMAT} metadata file")
+    if metadata.get("format_version") != FORMAT_VERSION:
+        fail(f"format version {metadata.get('format_version')!r}, this reader "
+             f"knows {FORMAT_VERSION}")
+    shape = metadata.get("image_shape")
+    if (not isinstance(shape, list) or len(shape) != 3
+            or not all(isinstance(side, int) and side > 0 for side in shape)):
+        fail(f"image_shape {shape!r} is not [height, width, channels]")
+    if metadata.get("dtype") != "uint8" or metadata.get("compression") not in COMPRESSIONS:
+        fail("dtype must be uint8 and compression one of "
+             f"{', '.join(COMPRESSIONS)}")
+    if metadata.get("source") not in ORIGINS:
+        fail(f"source {metadata.get('source')!r} is not one of {', '.join(ORIGINS)}")
+    splits = metadata.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        fail("no splits listed")
+    for split, entry in splits.items():
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        if not shards or not all(isinstance(shard, dict)
+                                 and isinstance(shard.get("file"), str)
+                                 and "/" not in shard["file"]
+                                 and isinstance(shard.get("records"), int)
+                                 for shard in shards):
+            fail(f"split {split!r} lists no shards, or shards without file and records")
+        if entry.get("images") != sum(shard["records"] for shard in shards):
+            fail(f"split {split!r} counts {entry.get('images')!r} images, its shards "
+                 f"add up to {sum(shard['records'] for shard in shards)}")
+
+
+def split_files(folder, metadata, split):
+    """(paths, record counts) of `split`'s shards, in order."""
+    if split not in metadata["splits"]:
+        raise UserError(f"{join(folder, METADATA_NAME)} has splits "
+                        f"{sorted(metadata['splits'])}, not {split!r}")
+    shards = metadata["splits"][split]["shards"]
+    return ([join(folder, shard["file"]) for shard in shards],
+            [shard["records"] for shard in shards])
+
+
+def describe(folder, metadata):
+    """One sentence for the log and the run record: where, how many, from what, when."""
+    origins = {"tfds": "MNIST read through tfds",
+               "stand-in": "a stand-in made by prepare_mnist.py --stand-in (the "
+                           "5,000-digit sample tiled to MNIST's size): for timing, "
+                           "not for quality",
+               "sample": "the 5,000-digit MNIST sample"}
+    counts = " and ".join(f"{entry['images']:,} {split} images in {len(entry['shards'])} "
+                          "shards" for split, entry in metadata["splits"].items())
+    made = metadata.get("made_by", {}).get("date", "an unknown date")
+    packing = "gzip-compressed" if metadata["compression"] == "gzip" else "uncompressed"
+    return (f"TFRecords in {folder} ({counts}, {packing}), "
+            f"written on {made} from {origins[metadata['source']]}")
+
+
+# --- verifying ---------------------------------------------------------------
+
+def _tf_message(error):
+    """TensorFlow's own words for a failed read, without its graph and op names."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", first_line(error))
+    return re.sub(r"\s*\[Op:.*$", "", text).strip() or type(error).__name__
+
+
+def _parse_all(serialized):
+    """Every feature of a batch of serialized examples, plus each image's byte count."""
+    features = tf.io.parse_example(serialized, FEATURES)
+    features["bytes"] = tf.strings.length(features.pop("image"))
+    return features
+
+
+def verify(folder):
+    """Read every record of every shard once and check it against the metadata.
+
+    Catches a missing, truncated or corrupt shard (TFRecord's checksums), a
+    record with missing features or the wrong shape, and counts that differ
+    from the metadata: a UserError naming the file, before any training
+    starts. Returns the metadata. Cheap at MNIST's size (47 MB).
+    """
+    metadata = read_metadata(folder)
+    shape = metadata["image_shape"]
+    compression = COMPRESSIONS[metadata["compression"]]
+    # TensorFlow logs a failed read on stderr too; our one line says it all
+    with native_stderr_quiet((UserError,)):
+        for split in metadata["splits"]:
+            paths, counts = split_files(folder, metadata, split)
+            for path, count, shard in zip(paths, counts, metadata["splits"][split]["shards"]):
+                _verify_shard(path, count, shard.get("bytes"), shape, compression)
+    return metadata
+
+
+def _verify_shard(path, count, size, shape, compression):
+    """Check one shard: its size, readable records, their count and their shapes."""
+    try:
+        if not tf.io.gfile.exists(path):
+            raise UserError(f"{path} is missing ({METADATA_NAME} lists it); "
+                            "run write_tfrecords.py again")
+        actual = tf.io.gfile.stat(path).length
+    except tf.errors.OpError as error:
+        raise UserError(f"cannot read {path}: {first_line(error)}") from error
+    if size is not None and actual != size:
+        raise UserError(f"{path} is {actual:,} bytes, {METADATA_NAME} says {size:,}: cut "
+                        "short or replaced; run write_tfrecords.py again")
+    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+    records = 0
+    try:
+        for features in dataset.batch(VERIFY_BATCH).map(_parse_all):
+            shapes = features["shape"].numpy()
+            wrong = np.flatnonzero((shapes != shape).any(axis=1)
+                                   | (features["bytes"].numpy() != math.prod(shape)))
+            if len(wrong):
+                first = int(wrong[0])
+                raise UserError(
+                    f"{path}: record {records + first:,} has shape "
+                    f"{tuple(int(s) for s in shapes[first])} and "
+                    f"{int(features['bytes'][first]):,} bytes of pixels, expected "
+                    f"{tuple(shape)} ({math.prod(shape):,} bytes); run write_tfrecords.py again")
+            records += len(shapes)
+    except tf.errors.OpError as error:
+        # DataLossError (a cut or a checksum mismatch) or a record that is
+        # not an Example with our features
+        raise UserError(f"{path} is truncated or corrupt at or after record {records:,} "
+                        f"({_tf_message(error)}); run write_tfrecords.py again") from error
+    if records != count:
+        raise UserError(f"{path} holds {records:,} records, {METADATA_NAME} says "
+                        f"{count:,}; run write_tfrecords.py again")
+
+
+# --- reading -----------------------------------------------------------------
+
+def read_split(folder, split):
+    """A whole split in shard order: (uint8 images (N, h, w, c), int64 labels)."""
+    metadata = read_metadata(folder)
+    paths, _ = split_files(folder, metadata, split)
+    dataset = tf.data.TFRecordDataset(paths,
+                                      compression_type=COMPRESSIONS[metadata["compression"]])
+    images, labels = [], []
+    try:
+        with native_stderr_quiet((UserError,)):
+            for features in dataset.batch(10_000).map(
+                    lambda s: tf.io.parse_example(s, FEATURES)):
+                pixels = tf.io.decode_raw(features["image"], tf.uint8)
+                images.append(tf.reshape(pixels, [-1, *metadata["image_shape"]]).numpy())
+                labels.append(features["label"].numpy())
+    except tf.errors.OpError as error:
+        raise UserError(f"cannot read {split} from {folder}: {_tf_message(error)} "
+                        "(python write_tfrecords.py can write it again)") from error
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def image_decoder(shape):
+    """A function: batch of serialized examples -> uint8 images (batch, *shape), parsed at once."""
+    def decode(serialized):
+        features = tf.io.parse_example(serialized, {"image": FEATURES["image"]})
+        pixels = tf.io.decode_raw(features["image"], tf.uint8)
+        # full batches keep a static batch size (a TPU needs one)
+        batch = serialized.shape[0]
+        return tf.reshape(pixels, [batch if batch is not None else -1, *shape])
+
+    return decode
+
+
+def pass_size(folder, metadata, split, shard=None):
+    """How many records one pass over `split` reads; `shard` as in `record_batches`."""
+    _, counts = split_files(folder, metadata, split)
+    if shard is None:
+        return sum(counts)
+    pipelines, index = shard
+    if len(counts) >= pipelines:
+        return sum(counts[index::pipelines])  # its own shard files
+    return len(range(index, sum(counts), pipelines))  # every pipelines-th record
+
+
+def record_batches(folder, metadata, split, batch_size, shuffle_size=None, repeat=False,
+                   drop_remainder=False, seed=None, keep=None, shard=None):
+    """Batches of serialized records of `split`, read the way a training run wants them.
+
+    With `shuffle_size`, every pass over the data (an epoch's worth of
+    records) reads the shards in a new order, `INTERLEAVE_CYCLE` of them at
+    once in parallel, and shuffles the records in a buffer of `shuffle_size`;
+    without it the split is read in order. Each pass has its own seed derived
+    from `seed`, so every new iterator (Keras opens one to build the model,
+    every worker of a cluster opens its own) reads the same sequence of
+    passes. `keep` cuts each pass to that many records, before the shuffle.
+    `shard` = (pipelines, index) makes this one of several input pipelines:
+    it reads every pipelines-th shard file when there are at least as many
+    files as pipelines, else every pipelines-th record (see `pass_size`).
+    """
+    paths, _ = split_files(folder, metadata, split)
+    compression = COMPRESSIONS[metadata["compression"]]
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    by_data = None
+    if shard is not None and len(paths) >= shard[0]:
+        files = files.shard(*shard)  # by file: each pipeline reads its own shards
+    elif shard is not None:
+        # by data: each pipeline reads every record and keeps its share,
+        # which needs the same record order in every pipeline
+        by_data = shard
+    # parallel reads in a fixed order only where the order matters
+    deterministic = seed is not None or by_data is not None
+    if seed is None:
+        # every pipeline splitting by data must read the same order: a fixed
+        # seed. Otherwise one drawn here, since an unseeded shuffle inside
+        # flat_map is traced once and could repeat one order every pass.
+        seed = 0 if by_data is not None else int(np.random.randint(2**31 - 1))
+    cut = keep is not None and keep < pass_size(folder, metadata, split, shard)
+    cycle = min(INTERLEAVE_CYCLE, len(paths))
+
+    def read(path):
+        return tf.data.TFRecordDataset(path, compression_type=compression)
+
+    def one_pass(k):
+        """The records of pass `k` over the split."""
+        # two seeds per pass (shard order, then records), none shared with another pass
+        pass_seed = seed * 1_000_003 + k * 2
+        if shuffle_size:
+            # the metadata names the shards: a list of them rather than a
+            # glob (list_files), so no stray file in the folder is ever read
+            order = files.shuffle(len(paths), seed=pass_seed, reshuffle_each_iteration=False)
+            records = order.interleave(read, cycle_length=cycle,
+                                       block_length=INTERLEAVE_BLOCK,
+                                       num_parallel_calls=cycle,
+                                       deterministic=deterministic)
+        else:
+            records = files.flat_map(read)  # in order: the split as it was written
+        if by_data is not None:
+            records = records.shard(*by_data)
+        if cut:
+            records = records.take(keep)
+        if shuffle_size:
+            records = records.shuffle(shuffle_size, seed=pass_seed + 1,
+                                      reshuffle_each_iteration=False)
+        return records
+
+    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    return passes.flat_map(one_pass).batch(batch_size, drop_remainder=drop_remainder)

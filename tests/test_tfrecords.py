@@ -1,0 +1,348 @@
+"""TFRecords read back bit for bit, reshuffled per epoch, split between workers; bad ones refused.
+
+Tiny data throughout: the 5,000-digit sample, or a few hundred of its digits.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import benchmark_pipeline
+import prepare_mnist
+import train_cpu
+import write_tfrecords
+from pyimagesearch import config, data, tfrecords
+from pyimagesearch.errors import UserError
+
+TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    data.load_images.cache_clear()
+    yield
+    data.load_images.cache_clear()  # let go of the images of a deleted folder
+
+
+@pytest.fixture(scope="module")
+def sample():
+    """The sample's splits with their labels: {split: (uint8 images, labels)}."""
+    return {split: data.load_examples(config.DATA_NAME, split, "sample")
+            for split in (TRAIN, VAL)}
+
+
+@pytest.fixture(scope="module")
+def small():
+    """300 training and 40 validation digits of the sample, all different."""
+    images, labels = data.load_examples(config.DATA_NAME, TRAIN, "sample")
+    return {TRAIN: (images[:300], labels[:300]), VAL: (images[300:340], labels[300:340])}
+
+
+def write(folder, splits, shards=4, compression="none", origin="sample", overwrite=False):
+    """Write `splits` as a TFRecord folder the way write_tfrecords.py does."""
+    return tfrecords.write_folder(str(folder), splits, config.DATA_NAME, origin=origin,
+                                  origin_reason="a test", command=["test"], shards=shards,
+                                  compression=compression, overwrite=overwrite)
+
+
+def as_uint8(batches):
+    """(image, target) float batches -> one uint8 array; checks input == target."""
+    images = []
+    for inputs, targets in batches:
+        np.testing.assert_array_equal(inputs, targets)
+        images.append(np.round(inputs.numpy() * 255).astype(np.uint8))
+    return np.concatenate(images)
+
+
+def keys(images):
+    """Each image's bytes, sorted: equal for two arrays holding the same images."""
+    return sorted(image.tobytes() for image in images)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_round_trip_is_bit_for_bit(tmp_path, sample, compression):
+    metadata = write(tmp_path, sample, shards=3, compression=compression)
+    assert {split: entry["images"] for split, entry in metadata["splits"].items()} == {
+        TRAIN: 4500, VAL: 500}
+    assert [shard["file"] for shard in metadata["splits"][VAL]["shards"]] == [
+        f"test-0000{i}-of-00003.tfrecord{'.gz' if compression == 'gzip' else ''}"
+        for i in range(3)]
+    assert json.loads((tmp_path / "metadata.json").read_text()) == metadata
+    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    for split, (images, labels) in sample.items():
+        read_images, read_labels = tfrecords.read_split(str(tmp_path), split)
+        np.testing.assert_array_equal(read_images, images)
+        np.testing.assert_array_equal(read_labels, labels)
+        assert data.split_size(config.DATA_NAME, split, "tfrecord", str(tmp_path)) == len(images)
+    # the validation pipeline reads the split in its order, as floats in [0, 1]
+    validation = data.get_data(config.DATA_NAME, VAL, batchSize=128, source=source.name,
+                               data_dir=str(tmp_path))
+    assert int(validation.cardinality()) == 4  # 500 images: 3 x 128 + 116, known to Keras
+    np.testing.assert_array_equal(as_uint8(validation), sample[VAL][0])
+
+
+def test_every_image_once_per_epoch_in_a_new_order(tmp_path, small):
+    write(tmp_path, small, shards=4)
+    train = data.get_data(config.DATA_NAME, TRAIN, batchSize=100, shuffleSize=64,
+                          source="tfrecord", data_dir=str(tmp_path), repeat=True,
+                          drop_remainder=True, seed=7)
+    images = as_uint8(train.take(6))  # two epochs of 300
+    first, second = images[:300], images[300:]
+    assert keys(first) == keys(second) == keys(small[TRAIN][0])
+    assert not np.array_equal(first, second)
+    # a new iterator (Keras opens one to build the model) reads the same epochs
+    np.testing.assert_array_equal(as_uint8(train.take(6)), images)
+
+
+def shard_of(folder, images):
+    """The index of the shard each image was read from."""
+    owners = {}
+    metadata = tfrecords.read_metadata(str(folder))
+    paths, _ = tfrecords.split_files(str(folder), metadata, TRAIN)
+    for index, path in enumerate(paths):
+        for record in tf.data.TFRecordDataset(path):
+            owners[tf.io.parse_example(record[None], tfrecords.FEATURES)["image"][0]
+                   .numpy()] = index
+    return [owners[image.tobytes()] for image in images]
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_shard_order_differs_between_epochs(tmp_path, small, seed):
+    write(tmp_path, small, shards=6)
+    # a shuffle buffer of 1 leaves the records in the order the shards give them
+    train = data.get_data(config.DATA_NAME, TRAIN, batchSize=50, shuffleSize=1,
+                          source="tfrecord", data_dir=str(tmp_path), repeat=True,
+                          drop_remainder=True, seed=seed)
+    owners = shard_of(tmp_path, as_uint8(train.take(6 * 4)))  # four epochs
+    orders = [tuple(dict.fromkeys(owners[epoch * 300:(epoch + 1) * 300]))
+              for epoch in range(4)]
+    assert all(sorted(order) == list(range(6)) for order in orders)
+    assert len(set(orders)) > 1
+
+
+@pytest.mark.parametrize("shards, by_file", [(4, True), (1, False)])
+def test_multi_worker_training_split_covers_the_data_once(tmp_path, small, shards, by_file):
+    write(tmp_path, small, shards=shards)
+    owners = None
+    seen = []
+    for pipeline in range(2):
+        # 2 pipelines (workers) of 2 replicas each; a global batch of 20 is
+        # 10 per pipeline, 5 per replica
+        context = tf.distribute.InputContext(2, pipeline, 4)
+        slices = data.get_data(config.DATA_NAME, TRAIN, batchSize=20, shuffleSize=64,
+                               source="tfrecord", data_dir=str(tmp_path), seed=1,
+                               input_context=context)
+        images = as_uint8(slices)
+        assert images.shape == (150, 28, 28, 1)  # its half, in slices of 5
+        assert all(len(piece) == 5 for piece, _ in slices)
+        if by_file:
+            owners = set(shard_of(tmp_path, images))
+            assert owners == {pipeline, pipeline + 2}  # every other shard file
+        seen.append(images)
+    assert keys(np.concatenate(seen)) == keys(small[TRAIN][0])
+
+
+def test_multi_worker_validation_gives_each_replica_its_slice_of_every_batch(tmp_path, small):
+    write(tmp_path, small, shards=4)
+    images = small[VAL][0]
+    pieces = [as_uint8(data.get_data(
+        config.DATA_NAME, VAL, batchSize=16, source="tfrecord", data_dir=str(tmp_path),
+        input_context=tf.distribute.InputContext(2, pipeline, 2))) for pipeline in range(2)]
+    # 40 images: batches of 16, 16 and 8, each split 8 + 8 (4 + 4 at the end)
+    np.testing.assert_array_equal(np.concatenate([pieces[0][:8], pieces[1][:8],
+                                                  pieces[0][8:16], pieces[1][8:16],
+                                                  pieces[0][16:], pieces[1][16:]]), images)
+
+
+def test_tpu_style_validation_is_exactly_the_batches_counted(tmp_path, small):
+    write(tmp_path, small, shards=4)
+    # train.py's fixed validation: repeated, full batches, cut to a count
+    fixed = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
+                          data_dir=str(tmp_path), repeat=True, drop_remainder=True,
+                          batches=2)
+    assert int(fixed.cardinality()) == 2  # Keras stops there, mid-execution or not
+    np.testing.assert_array_equal(as_uint8(fixed), small[VAL][0][:32])
+
+
+def test_a_bucket_path_works_through_gfile(small):
+    folder = "ram://tfrecords-test/mnist"
+    write(folder, small, shards=2, overwrite=True)
+    source = data.resolve_source("tfrecord", config.DATA_NAME, folder)
+    assert source.label == "tfrecord (sample)"
+    validation = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
+                               data_dir=folder)
+    np.testing.assert_array_equal(as_uint8(validation), small[VAL][0])
+
+
+@pytest.mark.parametrize("origin, label", [("tfds", "tfrecord"),
+                                           ("stand-in", "tfrecord (stand-in)"),
+                                           ("sample", "tfrecord (sample)")])
+def test_the_label_never_passes_a_stand_in_off_as_mnist(tmp_path, small, origin, label):
+    write(tmp_path, small, shards=1, origin=origin)
+    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    assert source.label == label and str(tmp_path) in source.reason
+
+
+def test_a_finished_folder_is_replaced_only_with_overwrite(tmp_path, small, capsys):
+    out = tmp_path / "records"
+    write_tfrecords.main(["--data-source", "sample", "--output-dir", str(out),
+                          "--shards", "4"])
+    with pytest.raises(UserError, match="already holds TFRecords.*--overwrite"):
+        write_tfrecords.main(["--data-source", "sample", "--output-dir", str(out)])
+    write_tfrecords.main(["--data-source", "sample", "--output-dir", str(out),
+                          "--shards", "2", "--overwrite"])
+    # the 4-shard files are gone, no temporary is left
+    assert sorted(os.listdir(out)) == ["metadata.json"] + [
+        f"{split}-0000{i}-of-00002.tfrecord" for split in (VAL, TRAIN) for i in range(2)]
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["made_by"]["command"][-1] == "--overwrite"
+    assert "wrote" in capsys.readouterr().out
+
+
+# --- bad input: one UserError naming the file --------------------------------
+
+@pytest.fixture
+def folder(tmp_path, small):
+    """A finished 4-shard folder to break."""
+    write(tmp_path / "records", small, shards=4)
+    return tmp_path / "records"
+
+
+def first_shard(folder):
+    """The first training shard of `folder`."""
+    return folder / "train-00000-of-00004.tfrecord"
+
+
+def test_a_missing_folder(tmp_path):
+    with pytest.raises(UserError, match=f"{tmp_path / 'nope'} does not exist"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path / "nope"))
+
+
+def test_no_metadata_and_no_shards(tmp_path):
+    with pytest.raises(UserError, match="metadata.json is missing.*holds no TFRecords"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+
+
+def test_shards_without_metadata_are_an_unfinished_write(folder):
+    (folder / "metadata.json").unlink()
+    with pytest.raises(UserError, match="8 shard files but no metadata, an unfinished"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_a_missing_shard(folder):
+    first_shard(folder).unlink()
+    with pytest.raises(UserError, match=f"{first_shard(folder)} is missing"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_a_truncated_shard(folder):
+    shard = first_shard(folder)
+    os.truncate(shard, shard.stat().st_size // 2)
+    with pytest.raises(UserError, match=f"{shard} is .* bytes, metadata.json says .*cut short"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_a_corrupt_shard_of_the_right_size(folder):
+    shard = first_shard(folder)
+    content = bytearray(shard.read_bytes())
+    content[len(content) // 2:len(content) // 2 + 16] = b"\xff" * 16
+    shard.write_bytes(bytes(content))
+    with pytest.raises(UserError, match=f"{shard} is truncated or corrupt at or after record"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_a_record_with_the_wrong_shape(folder, small):
+    images, labels = small[TRAIN]
+    shard = first_shard(folder)
+    records = [tfrecords.serialize(image, label) for image, label in zip(images[:75], labels)]
+    records[3] = tfrecords.serialize(np.zeros((27, 28, 1), np.uint8), 0)
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in records:
+            writer.write(record)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    metadata["splits"][TRAIN]["shards"][0]["bytes"] = shard.stat().st_size
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(UserError, match=rf"{shard}: record 3 has shape \(27, 28, 1\)"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("{not json", "is not valid JSON"),
+    ('{"format": "something else"}', "not a pyimagesearch-tfrecords metadata file"),
+])
+def test_corrupt_metadata(folder, text, complaint):
+    (folder / "metadata.json").write_text(text)
+    with pytest.raises(UserError, match=f"{folder / 'metadata.json'}.*{complaint}"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_counts_that_disagree_with_the_metadata(folder):
+    metadata = json.loads((folder / "metadata.json").read_text())
+    metadata["splits"][VAL]["shards"][1]["records"] += 1
+    metadata["splits"][VAL]["images"] += 1
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(UserError, match="test-00001-of-00004.tfrecord holds 10 records, "
+                                        "metadata.json says 11"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_training_on_a_truncated_shard_is_one_line_and_keeps_earlier_outputs(
+        folder, tmp_path, repo):
+    shard = first_shard(folder)
+    os.truncate(shard, shard.stat().st_size // 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "cpu.json").write_text("earlier run")
+    done = subprocess.run([sys.executable, "train_cpu.py", "--data-source", "tfrecord",
+                           "--data-dir", str(folder), "--output-dir", str(out)],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("train_cpu.py: error: ") and str(shard) in lines[0]
+    assert sorted(os.listdir(out)) == ["cpu.json"]
+    assert (out / "cpu.json").read_text() == "earlier run"
+
+
+# --- the real entry points, tiny ------------------------------------------------
+
+def test_a_tiny_training_run_reads_tfrecords(tmp_path, sample):
+    write(tmp_path / "records", sample, shards=4)
+    train_cpu.main(["--data-source", "tfrecord", "--data-dir", str(tmp_path / "records"),
+                    "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
+                    "--output-dir", str(tmp_path / "out")])
+    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    assert record["data_source"] == "tfrecord (sample)"
+    assert str(tmp_path / "records") in record["data_source_reason"]
+    assert record["train_images"] == 4500  # from the metadata
+    assert record["validation_images"] == record["validation_split_images"] == 500
+    assert np.isfinite(record["val_loss"][0])
+
+
+def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its TFRecords go
+    monkeypatch.setattr(config, "TRAIN_IMAGES", 300)
+    monkeypatch.setattr(config, "VALIDATION_IMAGES", 20)
+    prepare_mnist.prepare(str(tmp_path / "tfds"))
+    out = tmp_path / "bench.json"
+    benchmark_pipeline.main(["--data-dir", str(tmp_path / "tfds"), "--input-only",
+                             "--steps", "2", "--trials", "2", "--epochs", "1",
+                             "--json", str(out)])
+    figures = json.loads(out.read_text())
+    pipelines = {"article_style", "tfrecord", "in_memory", "article_style_tfds_cache"}
+    assert pipelines <= figures.keys()
+    assert set(figures["trials"]) == set(figures["speedup_over_article_style"]) == pipelines
+    for name in pipelines:
+        assert len(figures["trials"][name]) == 2
+        assert figures[name] == pytest.approx(float(np.median(figures["trials"][name])))
+        assert figures["speedup_over_article_style"][name] == pytest.approx(
+            figures[name] / figures["article_style"])
+    assert figures["command"][:2] == ["benchmark_pipeline.py", "--data-dir"]
+    assert "stand-in" in figures["tfrecord_data"]
+    assert not list(tmp_path.glob("pyimagesearch-tfrecords-*"))  # temporary folder removed
+    assert "tfrecord" in capsys.readouterr().out
