@@ -83,11 +83,20 @@ def efficient_pipeline(data_dir, batch_size, source="tfds"):
                     repeat=True, drop_remainder=True, seed=config.SEED)
 
 
-def time_epoch(dataset, steps, steps_per_execution=1):
-    """Seconds of the second of two training epochs on `dataset`."""
+PROFILED_STEPS = 26  # steps of the second epoch traced with --profile-dir (2 x 13)
+
+
+def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None):
+    """Seconds of the second of two training epochs on `dataset`.
+
+    With `profile_dir`, a profiler trace of about PROFILED_STEPS steps early
+    in the second epoch goes there (Keras counts them in executions).
+    """
+    import keras
+
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.loss import MSELoss
     from pyimagesearch.callbacks import EpochTimer
+    from pyimagesearch.loss import MSELoss
     from pyimagesearch.train import make_optimizer
 
     model = AutoEncoder()
@@ -95,7 +104,15 @@ def time_epoch(dataset, steps, steps_per_execution=1):
                   optimizer=make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
                   steps_per_execution=steps_per_execution)
     timer = EpochTimer()
-    model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=[timer],
+    callbacks = [timer]
+    if profile_dir:
+        executions = steps // steps_per_execution  # per epoch
+        # from the second execution of the second epoch (its first, if it has one)
+        first = executions + min(2, executions)
+        last = min(first + max(1, PROFILED_STEPS // steps_per_execution) - 1, 2 * executions)
+        callbacks.append(keras.callbacks.TensorBoard(profile_dir, write_graph=False,
+                                                     profile_batch=(first, last)))
+    model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
               shuffle=False, verbose=0)
     return timer.train_seconds[1]
 
@@ -219,10 +236,16 @@ def main(argv=None):
     parser.add_argument("--tfrecord-dir", default=None,
                         help="with --input-only: a folder write_tfrecords.py wrote from "
                              "--data-dir (default: write one into a temporary folder)")
+    parser.add_argument("--profile-dir", default=None,
+                        help="training benchmark only: a profiler trace of "
+                             f"{PROFILED_STEPS} steps of each set-up's first trial into "
+                             "DIR/<set-up>; `tensorboard --logdir DIR`, Profile tab")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
     if not args.input_only and (args.epochs or args.tfrecord_dir):
         parser.error("--epochs and --tfrecord-dir go with --input-only")
+    if args.input_only and args.profile_dir:
+        parser.error("--profile-dir goes with the training benchmark, not --input-only")
     args.epochs = args.epochs or 2
     if args.trials is None:
         args.trials = 3 if args.input_only else 2
@@ -251,7 +274,9 @@ def main(argv=None):
     for trial in range(args.trials):
         for name, (build, execution) in setups.items():
             dataset = build(args.data_dir, config.BATCH_SIZE)
-            seconds[name].append(time_epoch(dataset, steps, execution))
+            profile = (os.path.join(args.profile_dir, name.replace(" ", "_"))
+                       if args.profile_dir and trial == 0 else None)
+            seconds[name].append(time_epoch(dataset, steps, execution, profile))
             print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch")
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     baseline = medians["article-style"]

@@ -222,5 +222,6 @@ def main(argv=None):
         figure.savefig(staged.path("comparison.png"), format="png", dpi=80)
     print(f"[INFO] wrote {os.path.join(output_dir, 'comparison.md')} and comparison.png")
 
+
 if __name__ == "__main__":
     cli.run_main(main, sys.argv[1:])

@@ -54,17 +54,23 @@ def fail(message, status=EXIT_USER_ERROR):
 def enter_private_network(argv):
     """Re-run this launcher inside a new network namespace (same process, via exec).
 
-    Returns only when that is not possible, after saying why in one line.
+    Returns only when that is not possible (no `unshare`, or namespaces not
+    permitted, as in many containers), after saying so in one line.
     """
     command = ["unshare", "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
-    env = {**os.environ, _IN_NAMESPACE: "1"}
-    try:
+    try:  # a dry run first: exec would leave nothing to fall back to
+        probe = subprocess.run(command + ["true"], capture_output=True, text=True,
+                               timeout=30)
+        reason = probe.stderr.strip().splitlines()[-1] if probe.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+    if reason is None:
+        env = {**os.environ, _IN_NAMESPACE: "1"}
         os.execvpe(command[0], command + [sys.executable, os.path.abspath(__file__), *argv],
                    env)
-    except OSError as error:
-        print(f"[launch] no private network namespace ({error.strerror}); the workers' "
-              "servers listen on every interface; --network host says you accept "
-              "that", file=sys.stderr, flush=True)
+    print(f"[launch] no private network namespace ({reason}); the workers' servers "
+          "listen on every interface (--network host skips this attempt)",
+          file=sys.stderr, flush=True)
 
 
 def bring_up_loopback():
@@ -103,13 +109,16 @@ def describe(status):
     return f"status {status}"
 
 
-class Cluster:
+class Workers:
     """The worker processes, their output relays, and how to stop them."""
 
-    def __init__(self, command, count):
-        self.ports = free_ports(count)
+    def __init__(self):
         self.lock = threading.Lock()
         self.workers, self.relays = [], []
+
+    def start(self, command, count):
+        """Start `count` workers of `command`, each with its TF_CONFIG."""
+        self.ports = free_ports(count)
         for index in range(count):
             env = {**os.environ, "TF_CONFIG": tf_config(self.ports, index),
                    "PYTHONUNBUFFERED": "1"}
@@ -131,6 +140,7 @@ class Cluster:
             print(line, flush=True)
 
     def _relay(self, index, worker):
+        """Copy a worker's output, line by line, with its index in front."""
         for raw in worker.stdout:
             self.say(f"[worker {index}] {raw.decode(errors='replace').rstrip()}")
 
@@ -198,18 +208,20 @@ def main(argv):
 
     # SIGTERM (a test's clean-up, a job scheduler) stops the workers like Ctrl-C
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    cluster = None
+    cluster = Workers()
     try:
-        cluster = Cluster(command, args.workers)
+        cluster.start(command, args.workers)
         failure = cluster.wait()
         if failure is not None:
             deadline = time.monotonic() + PEER_GRACE_SECONDS
             while cluster.running() and time.monotonic() < deadline:
                 time.sleep(0.2)
     except KeyboardInterrupt:
-        if cluster is not None:
-            cluster.stop()
+        cluster.stop()
         fail("interrupted; all workers stopped", status=130)
+    except OSError as error:  # a worker that could not be started at all
+        cluster.stop()
+        fail(f"cannot start {command[0]}: {error.strerror or error}")
     cluster.stop()  # joins the output relays; stops whatever still runs
     if failure is None:
         cluster.say(f"[launch] all {args.workers} workers finished")
@@ -217,6 +229,7 @@ def main(argv):
     index, status = failure
     fail(f"worker {index} exited with {describe(status)}; stopped the other "
          f"{args.workers - 1}", status=1)
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -12,7 +12,7 @@ from pyimagesearch import cli
 
 def main(argv=None):
     args = cli.build_parser("cpu", __doc__).parse_args(argv)
-    cli.check_output_dir(args.output_dir)
+    cli.check_run_flags(args)
 
     from pyimagesearch import strategy, train
     # one device, the CPU: the strategy only pins the work there

@@ -24,8 +24,7 @@ def main(argv=None):
     args = cli.build_parser("gpu", __doc__).parse_args(argv)
     # a TF_CONFIG naming several workers makes this process one of them
     cluster = read_tf_config()
-    if cluster is None or cluster.is_chief:
-        cli.check_output_dir(args.output_dir)
+    cli.check_run_flags(args, writes=cluster is None or cluster.is_chief)
 
     from pyimagesearch import strategy, train
     # MirroredStrategy over the GPUs (MultiWorkerMirroredStrategy across

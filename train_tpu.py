@@ -15,7 +15,7 @@ from pyimagesearch import cli
 
 def main(argv=None):
     args = cli.build_parser("tpu", __doc__).parse_args(argv)
-    cli.check_output_dir(args.output_dir)
+    cli.check_run_flags(args)
 
     from pyimagesearch import strategy, train
     # resolve, connect to and initialise the TPU, then build TPUStrategy;

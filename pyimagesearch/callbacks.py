@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.outputs import join
+from pyimagesearch.files import join, write_json
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
@@ -66,14 +66,6 @@ def _read_json(path):
                         "folder to start fresh") from error
 
 
-def _write_json(path, value):
-    """Write JSON through a temporary name, so a crash never leaves half a file."""
-    temporary = f"{path}.tmp"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(json.dumps(value, indent=1))
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-
-
 class Backup(keras.callbacks.Callback):
     """The run's backup folder: refuse another run's, resume this one's.
 
@@ -100,7 +92,7 @@ class Backup(keras.callbacks.Callback):
         if self.writer:
             self._check_run()
             tf.io.gfile.makedirs(self.folder)
-            _write_json(join(self.folder, RUN), self.run)
+            write_json(join(self.folder, RUN), self.run)
         history = _read_json(join(self.folder, HISTORY)) or self.history
         self.history = {key: list(history[key][:self.initial_epoch]) for key in self.history}
         return self.initial_epoch
@@ -134,17 +126,29 @@ class Backup(keras.callbacks.Callback):
         for key in self.history:
             self.history[key].append(float(logs[key]))
         if self.writer:
-            _write_json(join(self.folder, HISTORY), self.history)
+            write_json(join(self.folder, HISTORY), self.history)
 
     def keras_callback(self, every=None):
         """Keras' BackupAndRestore into this folder (deleted by `finish`, not by Keras)."""
-        return keras.callbacks.BackupAndRestore(self.folder, save_freq=every or "epoch",
-                                                delete_checkpoint=False)
+        return _BackupAndRestore(self.folder, save_freq=every or "epoch",
+                                 delete_checkpoint=False)
 
     def finish(self):
         """The run's outputs are written: the backup is no longer needed."""
         if self.writer and tf.io.gfile.exists(self.folder):
             tf.io.gfile.rmtree(self.folder)
+
+
+class _BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Keras' BackupAndRestore, told the epoch it is in.
+
+    Keras 3.15 learns the epoch only at an epoch's end, so a mid-epoch backup
+    (`save_freq` in steps) in the first epoch of a resumed run would record
+    epoch 0 and send the next resume back to the start.
+    """
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch
 
 
 class CheckpointBackup(keras.callbacks.Callback):

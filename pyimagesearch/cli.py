@@ -133,13 +133,17 @@ def build_parser(device, description):
                              "crash resumes from it; a finished run deletes it")
     parser.add_argument("--backup-every", type=positive_int, default=None, metavar="N",
                         help="also back up every N training steps (a resumed run "
-                             "restarts the epoch it was in)")
+                             "restarts the epoch it was in)" + (
+                                 "; a TPU runs a whole epoch per call, so it backs up "
+                                 "at epoch ends only" if on_tpu else ""))
     parser.add_argument("--logdir", default=None, metavar="DIR",
                         help="write TensorBoard logs into DIR/<run name>, e.g. "
                              "logs/cpu: `tensorboard --logdir DIR` compares the runs")
     parser.add_argument("--profile-steps", type=step_range, default=None, metavar="A,B",
                         help="capture a profiler trace of training steps A to B into "
-                             "the log dir (--logdir, else logs)")
+                             "the log dir (--logdir, else logs)" + (
+                                 "; on a TPU, of the whole epochs that hold them"
+                                 if on_tpu else ""))
     if device in ("gpu", "tpu"):
         parser.add_argument(
             "--rehearse", type=positive_int, default=None, metavar="N",
@@ -157,6 +161,19 @@ def check_output_file(path):
     check_output_dir(os.path.dirname(path) or ".")
 
 
+def check_run_flags(args, writes=True):
+    """Before any training: flags that go together do, and every output folder is writable.
+
+    `writes` False is a worker that is not the chief: it writes nothing of its own.
+    """
+    if args.backup_every and not args.backup_dir:
+        raise UserError("--backup-every needs --backup-dir")
+    if writes:
+        for folder in (args.output_dir, args.backup_dir, args.logdir):
+            if folder:
+                check_output_dir(folder)
+
+
 def check_output_dir(path):
     """Create `path` if needed and prove it is writable, before any training.
 
@@ -165,7 +182,7 @@ def check_output_dir(path):
     """
     import tensorflow as tf
 
-    from pyimagesearch.outputs import join
+    from pyimagesearch.files import join
     from pyimagesearch.quiet import native_stderr_quiet
 
     expected = (OSError, tf.errors.OpError)

@@ -25,10 +25,6 @@ import re
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
 ROLES = ("chief", "worker")  # the task types that train; no parameter servers here
-# how long a collective (a gradient all-reduce) may wait for its peers before
-# it fails; a worker that dies without closing its connections (a lost host)
-# is also noticed by the coordination service's heartbeats
-COLLECTIVE_TIMEOUT_SECONDS = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,82 +94,15 @@ def read_tf_config(environ=os.environ):
     return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]))
 
 
-def multi_worker_strategy(cluster, rehearse=None):
-    """MultiWorkerMirroredStrategy for this process's place in `cluster`.
-
-    Each worker trains on its GPUs; with `rehearse` K it trains on K logical
-    CPU devices instead, so the same command rehearses a cluster of GPU
-    machines on CPUs. Must run before TensorFlow's runtime starts.
-    """
-    import tensorflow as tf
-
-    from pyimagesearch import strategy as strategies
-
-    strategies.plain_device_buffers()
-    if rehearse:
-        strategies.hide_gpus()
-        if rehearse > 1:
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * rehearse)
-    elif not tf.config.list_physical_devices("GPU"):
-        strategies.gpu_strategy()  # raises the one-line "no GPU" error, with its cause
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS)
-    with _local_cpu_devices(rehearse):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    expected = cluster.workers * (rehearse or 1)
-    if rehearse and strategy.num_replicas_in_sync != expected:
-        raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
-                        f"expected {expected}")
-    return strategy
-
-
-class _local_cpu_devices:
-    """While building the strategy, give each worker `count` CPU devices, not one.
-
-    MultiWorkerMirroredStrategy puts one replica per GPU, or a single one on
-    the CPU (CollectiveAllReduceExtended._initialize_local_devices); a
-    rehearsal of K GPUs per worker needs K logical CPU devices there. Private
-    TensorFlow API: where it is missing, --rehearse K > 1 is refused.
-    """
-
-    def __init__(self, count):
-        self.count = count or 1
-
-    def __enter__(self):
-        if self.count == 1:
-            return
-        from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-        extended = car.CollectiveAllReduceExtended
-        self._original = getattr(extended, "_initialize_local_devices", None)
-        if self._original is None:
-            raise UserError("this TensorFlow cannot rehearse several devices per "
-                            "worker; use --rehearse 1 and more workers")
-        count = self.count
-
-        def cpu_devices(self_, cluster_resolver, worker_device):
-            return tuple(f"{worker_device}/device:CPU:{i}" for i in range(count)), "CPU"
-
-        extended._initialize_local_devices = cpu_devices
-
-    def __exit__(self, *exc):
-        if self.count > 1:
-            from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-            car.CollectiveAllReduceExtended._initialize_local_devices = self._original
-        return False
-
-
 @contextlib.contextmanager
 def peer_loss_reported(cluster):
     """Turn the error a collective raises when a peer dies into one line (PeerLost).
 
     On loopback a killed worker resets its connections and the survivors'
-    collectives abort within seconds (UnavailableError); a lost host is
-    noticed by the coordination service's heartbeats, or at the latest when
-    a collective passes COLLECTIVE_TIMEOUT_SECONDS (DeadlineExceededError).
+    collectives abort within seconds (UnavailableError); a host that stops
+    answering without closing its connections is noticed by the coordination
+    service's heartbeats, which abort the collectives the same way (a worker
+    frozen with SIGSTOP here: 8 s).
     """
     if cluster is None:
         yield
@@ -181,7 +110,7 @@ def peer_loss_reported(cluster):
     import tensorflow as tf
 
     lost = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-            tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError)
+            tf.errors.AbortedError, tf.errors.CancelledError)
     try:
         yield
     except lost as error:

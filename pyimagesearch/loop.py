@@ -90,34 +90,36 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                                              steps=steps_per_epoch, verbose=0)
     history = {"loss": [], "val_loss": []}
     callbacks.on_train_begin()
-    for epoch in range(initial_epoch, epochs):
-        callbacks.on_epoch_begin(epoch)
-        if verbose:  # the lines fit prints where its output is not a terminal
-            print(f"Epoch {epoch + 1}/{epochs}", flush=True)
-        start = time.perf_counter()
-        total, step = 0.0, 0
-        for count in execution_sizes(steps_per_epoch, steps_per_execution):
-            callbacks.on_train_batch_begin(step, {"steps": count})
-            total += float(train_steps(train_iterator, tf.constant(count)))
-            step += count
-            callbacks.on_train_batch_end(step - 1, {"steps": count})
-        history["loss"].append(total / steps_per_epoch)
+    try:
+        for epoch in range(initial_epoch, epochs):
+            callbacks.on_epoch_begin(epoch)
+            if verbose:  # the lines fit prints where its output is not a terminal
+                print(f"Epoch {epoch + 1}/{epochs}", flush=True)
+            start = time.perf_counter()
+            total, step = 0.0, 0
+            for count in execution_sizes(steps_per_epoch, steps_per_execution):
+                callbacks.on_train_batch_begin(step, {"steps": count})
+                total += float(train_steps(train_iterator, tf.constant(count)))
+                step += count
+                callbacks.on_train_batch_end(step - 1, {"steps": count})
+            history["loss"].append(total / steps_per_epoch)
 
-        callbacks.on_test_begin()
-        error_sum, count = 0.0, 0.0
-        for batch in val_batches:
-            batch_sum, batch_count = val_batch(batch)
-            error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
-        history["val_loss"].append(error_sum / max(count, 1.0))
+            callbacks.on_test_begin()
+            error_sum, count = 0.0, 0.0
+            for batch in val_batches:
+                batch_sum, batch_count = val_batch(batch)
+                error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
+            history["val_loss"].append(error_sum / max(count, 1.0))
 
-        callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
-                                       "val_loss": history["val_loss"][-1],
-                                       "steps": steps_per_epoch})
-        if verbose:
-            print(f"{steps_per_epoch}/{steps_per_epoch} - "
-                  f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
-                  f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
-    callbacks.on_train_end()
+            callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
+                                           "val_loss": history["val_loss"][-1],
+                                           "steps": steps_per_epoch})
+            if verbose:
+                print(f"{steps_per_epoch}/{steps_per_epoch} - "
+                      f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
+                      f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
+    finally:
+        callbacks.on_train_end()  # even on an error: temporary folders, writers
     return history
 
 

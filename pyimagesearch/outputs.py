@@ -8,13 +8,14 @@ tests). Nothing is renamed until every file is written and copied: a failure
 leaves the old outputs as they were. A local rename is atomic; on a bucket a
 rename is a copy, which can fail half-way only between files.
 """
-import json
 import os
 import shutil
 import tempfile
 
 import matplotlib
 import tensorflow as tf
+
+from pyimagesearch.files import join
 
 matplotlib.use("Agg")  # no display needed; must precede any pyplot import
 from matplotlib.figure import Figure  # noqa: E402
@@ -25,11 +26,6 @@ def figure_path(device):
     from pyimagesearch import config
 
     return getattr(config, f"{device.upper()}_IMG_PATH")
-
-
-def join(folder, name):
-    """`folder`/`name` for a local path or a URL such as gs://bucket/out."""
-    return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
 
 
 class StagedOutputs:
@@ -77,13 +73,6 @@ class StagedOutputs:
             for temporary, _ in moves:
                 if tf.io.gfile.exists(temporary):
                     tf.io.gfile.remove(temporary)
-
-
-def write_json(path, record):
-    """Write `record` as indented JSON."""
-    with open(path, "w") as handle:
-        json.dump(record, handle, indent=2)
-        handle.write("\n")
 
 
 def reconstruction_figure(inputs, predictions, title=None):

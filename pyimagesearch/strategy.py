@@ -13,7 +13,7 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.quiet import native_stderr_quiet
 
 
@@ -193,12 +193,6 @@ _REHEARSE_TPU = "use --rehearse 8 to rehearse on 8 logical CPU devices"
 _TPU_ERRORS = (ValueError, RuntimeError, OSError, tf.errors.OpError)
 
 
-def _first_line(error):
-    """The first line of an exception's message, or its type if it has none."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _tpu_label(tpu):
     """How a message names the TPU: the name TPUClusterResolver was given or reads."""
     name = (tpu or os.environ.get("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS")
@@ -246,7 +240,7 @@ def _find_tpu(tpu):
             if "error" in outcome:
                 raise outcome["error"]  # here, so a bug's captured lines replay
     except _TPU_ERRORS as error:
-        raise UserError(f"no TPU found ({_first_line(error)}); pass --tpu NAME, "
+        raise UserError(f"no TPU found ({first_line(error)}); pass --tpu NAME, "
                         f"or {_REHEARSE_TPU}") from error
     if lookup.is_alive():
         raise UserError(
@@ -270,7 +264,7 @@ def tpu_strategy(tpu=None):
     except _TPU_ERRORS as error:
         # found is not the same as usable: a TPU held by another process (a
         # second notebook, a stale run) fails here, and the cause must show
-        detail = _first_line(error)
+        detail = first_line(error)
         hint = _REHEARSE_TPU
         if re.search(r"in use|busy|lockfile", detail, re.IGNORECASE):
             hint = f"end the process that holds it, or {hint}"
@@ -282,6 +276,70 @@ def tpu_strategy(tpu=None):
     return tf.distribute.TPUStrategy(resolver)
 
 
+def multi_worker_strategy(cluster, rehearse=None):
+    """MultiWorkerMirroredStrategy for this process's place in `cluster`.
+
+    Each worker trains on its GPUs; with `rehearse` K it trains on K logical
+    CPU devices instead, so the same command rehearses a cluster of GPU
+    machines on CPUs. Must run before TensorFlow's runtime starts.
+    """
+    plain_device_buffers()
+    if rehearse:
+        hide_gpus()
+        if rehearse > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * rehearse)
+    elif not tf.config.list_physical_devices("GPU"):
+        gpu_strategy()  # raises the one-line "no GPU" error, with its cause
+    # no per-collective timeout (TensorFlow calls it a debugging aid: a thread
+    # per collective); a lost peer is noticed by the coordination service
+    with _local_cpu_devices(rehearse):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    expected = cluster.workers * (rehearse or 1)  # every worker has as many devices
+    if rehearse and strategy.num_replicas_in_sync != expected:
+        raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
+                        f"expected {expected}")
+    return strategy
+
+
+class _local_cpu_devices:
+    """While building the strategy, give each worker `count` CPU devices, not one.
+
+    MultiWorkerMirroredStrategy puts one replica per GPU, or a single one on
+    the CPU (CollectiveAllReduceExtended._initialize_local_devices); a
+    rehearsal of K GPUs per worker needs K logical CPU devices there. Private
+    TensorFlow API: where it is missing, --rehearse K > 1 is refused.
+    """
+
+    def __init__(self, count):
+        self.count = count or 1
+
+    def __enter__(self):
+        if self.count == 1:
+            return
+        from tensorflow.python.distribute import collective_all_reduce_strategy as car
+
+        extended = car.CollectiveAllReduceExtended
+        self._original = getattr(extended, "_initialize_local_devices", None)
+        if self._original is None:
+            raise UserError("this TensorFlow cannot rehearse several devices per "
+                            "worker; use --rehearse 1 and more workers")
+        count = self.count
+
+        def cpu_devices(self_, cluster_resolver, worker_device):
+            return tuple(f"{worker_device}/device:CPU:{i}" for i in range(count)), "CPU"
+
+        extended._initialize_local_devices = cpu_devices
+
+    def __exit__(self, *exc):
+        if self.count > 1:
+            from tensorflow.python.distribute import collective_all_reduce_strategy as car
+
+            car.CollectiveAllReduceExtended._initialize_local_devices = self._original
+        return False
+
+
 def get_strategy(device, rehearse=None, tpu=None, cluster=None):
     """The strategy for `device` ("cpu", "gpu", "tpu"), or a rehearsal of it.
 
@@ -291,8 +349,6 @@ def get_strategy(device, rehearse=None, tpu=None, cluster=None):
     if device not in ("cpu", "gpu", "tpu"):
         raise UserError(f"unknown device {device!r}; choose cpu, gpu or tpu")
     if cluster is not None:
-        from pyimagesearch.cluster import multi_worker_strategy
-
         return multi_worker_strategy(cluster, rehearse)
     if rehearse:
         return rehearsal_strategy(rehearse)

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.outputs import join
+from pyimagesearch.files import join, write_json
 from pyimagesearch.quiet import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
@@ -105,19 +105,6 @@ def _write_shard(folder, name, records, compression):
     return {"file": name, "records": len(records), "bytes": tf.io.gfile.stat(final).length}
 
 
-def _write_json(path, content):
-    """Write `content` as JSON to `path` atomically (temporary name, then rename)."""
-    temporary = f"{path}.tmp"
-    try:
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(json.dumps(content, indent=2) + "\n")
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    except (OSError, tf.errors.OpError) as error:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
-        raise UserError(f"cannot write {path}: {first_line(error)}") from error
-
-
 def _remove_stale(folder, splits, keep):
     """Delete our shards and temporaries of an earlier write that the new metadata omits."""
     for split in splits:
@@ -180,7 +167,7 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
                     .isoformat(timespec="seconds"),
                     "tensorflow_version": tf.__version__},
     }
-    _write_json(join(folder, METADATA_NAME), metadata)
+    write_json(join(folder, METADATA_NAME), metadata)
     _remove_stale(folder, listing, {shard["file"] for entry in listing.values()
                                     for shard in entry["shards"]})
     return metadata

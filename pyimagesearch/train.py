@@ -25,8 +25,8 @@ from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.precision import set_precision, with_loss_scaling
-from pyimagesearch.outputs import (StagedOutputs, figure_path, join, reconstruction_figure,
-                                   write_json)
+from pyimagesearch.files import join, write_json
+from pyimagesearch.outputs import StagedOutputs, figure_path, reconstruction_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,12 +191,7 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     numAcc = strategy.num_replicas_in_sync
     print(f"[INFO] number of accelerators: {numAcc}")
     plan = plan_run(device, args, numAcc, rehearsal)
-    if args.jit_compile and rehearsal and strategy.extended.worker_devices[1:]:
-        # XLA compiles the step for CPU:0 and then cannot reach the variables
-        # of the other logical CPUs ("Trying to access resource ... located
-        # in device CPU:1 from device CPU:0"); real GPUs each compile their own
-        raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
-                        "in one process; use --rehearse 1, or leave out --jit-compile")
+    check_levers(args, plan, strategy)
     print(f"[INFO] global batch {plan.global_batch_size} "
           f"({plan.global_batch_size // numAcc} per replica), "
           f"{plan.steps_per_epoch} steps per epoch, "
@@ -207,29 +202,21 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     print(f"[INFO] data source: {source.label} ({source.reason})")
     print("[INFO] loading the training and validation datasets...")
     trainDs = training_data(strategy, plan, source.name, data_dir, args.seed)
-    valDs, validationSteps, validationImages = validation_data(
+    valDs, validation_steps, validation_images = validation_data(
         strategy, plan, source.name, data_dir)
-    valSplit = load_images(config.DATA_NAME, config.VALIDATION_FLAG, source.name, data_dir)
-    if validationImages != len(valSplit):
-        print(f"[INFO] val_loss is the mean over {validationImages:,} images of the "
-              f"{len(valSplit):,} in the validation split "
-              + ("(repeated to full batches)" if validationImages > len(valSplit) else
+    val_split = load_images(config.DATA_NAME, config.VALIDATION_FLAG, source.name, data_dir)
+    if validation_images != len(val_split):
+        print(f"[INFO] val_loss is the mean over {validation_images:,} images of the "
+              f"{len(val_split):,} in the validation split "
+              + ("(repeated to full batches)" if validation_images > len(val_split) else
                  f"(a multiple of the {numAcc} replicas)"))
+    testIm = figure_digits(val_split)  # the same digits on every device, in compare.py
 
     learning_rate = scaled_learning_rate(args.learning_rate, args.lr_scaling,
                                          plan.global_batch_size)
     if args.lr_scaling != "none":
         print(f"[INFO] learning rate {args.learning_rate:g} scaled ({args.lr_scaling}) "
               f"for a global batch of {plan.global_batch_size}: {learning_rate:g}")
-    # timing, backup (--backup-dir), TensorBoard (--logdir), profiler
-    testIm = figure_digits(valSplit)
-    writes = cluster is None or cluster.is_chief
-    callbacks, timer, backup = make_callbacks(
-        args, plan, loop, backup_identity(args, plan, loop, source), testIm, writes)
-    initialEpoch = backup.resume() if backup else 0
-    if initialEpoch:
-        print(f"[INFO] resuming from {args.backup_dir}: {initialEpoch} of "
-              f"{args.epochs} epochs done")
     with strategy.scope():
         # model, loss and optimizer must be created inside the scope so that
         # their variables are mirrored on every replica
@@ -245,35 +232,38 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
                       steps_per_execution=plan.steps_per_execution,
                       jit_compile=args.jit_compile)
         model.build((None, *IMAGE_SHAPE))  # a backup is restored into it
+
+        # timing, backup (--backup-dir), TensorBoard (--logdir), profiler
+        writes = cluster is None or cluster.is_chief
+        callbacks, timer, backup = make_callbacks(
+            args, plan, loop, backup_identity(args, plan, loop, source, learning_rate),
+            testIm, writes)
+        initial_epoch = resume(backup, args, strategy, cluster)
         print(f"[INFO] training the autoencoder ({loop} loop)...")
         with peer_loss_reported(cluster):
             if loop == "custom":
                 history = fit_custom(model, strategy, trainDs, valDs, args.epochs,
                                      plan.steps_per_epoch, plan.global_batch_size,
                                      steps_per_execution=plan.steps_per_execution,
-                                     callbacks=callbacks, initial_epoch=initialEpoch,
+                                     callbacks=callbacks, initial_epoch=initial_epoch,
                                      jit_compile=args.jit_compile)
             else:
                 # one line per epoch where the output is not a terminal (a log file)
                 history = model.fit(trainDs, epochs=args.epochs,
                                     steps_per_epoch=plan.steps_per_epoch,
                                     validation_data=valDs, callbacks=callbacks,
-                                    initial_epoch=initialEpoch, shuffle=False,
+                                    initial_epoch=initial_epoch, shuffle=False,
                                     verbose=1 if sys.stdout.isatty() else 2).history
 
-    # the same validation digits on every device and in compare.py; a plain
-    # call on this process's copy of the model, no collective needed
+    # a plain call on this process's copy of the model: no collective needed
     print("[INFO] evaluating the model...")
     predIm = model(testIm, training=False).numpy()
 
-    record = run_record(args, strategy, plan, source, data_dir,
-                        backup.history if backup else history, timer, learning_rate,
-                        started)
-    record.update(loop=loop, precision=args.precision, jit_compile=args.jit_compile,
-                  workers=cluster.workers if cluster else 1,
-                  resumed_from_epoch=initialEpoch, validation_steps=validationSteps,
-                  validation_images=validationImages,
-                  validation_split_images=int(len(valSplit)))
+    record = run_record(args, strategy, plan, source, data_dir, learning_rate, started,
+                        loop=loop, workers=cluster.workers if cluster else 1,
+                        history=backup.history if backup else history, timer=timer,
+                        resumed_from_epoch=initial_epoch,
+                        validation=(validation_steps, validation_images, len(val_split)))
     if not writes:
         # every worker saves, as TensorFlow's multi-worker guide asks; only
         # the chief's copy is kept
@@ -288,18 +278,62 @@ def run(args, strategy, device, rehearsal=False, cluster=None):
     return record
 
 
-def backup_identity(args, plan, loop, source):
+def check_levers(args, plan, strategy):
+    """Refuse --jit-compile where it cannot work."""
+    if not args.jit_compile:
+        return
+    if plan.device == "tpu" and not plan.rehearsal:
+        raise UserError("--jit-compile is for CPUs and GPUs: a TPU compiles every step "
+                        "with XLA anyway")
+    if plan.rehearsal and strategy.extended.worker_devices[1:]:
+        # XLA compiles the step for CPU:0 and then cannot reach the variables
+        # of the other logical CPUs ("Trying to access resource ... located
+        # in device CPU:1 from device CPU:0"); real GPUs each compile their own
+        raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
+                        "in one process; use --rehearse 1, or leave out --jit-compile")
+
+
+def backup_identity(args, plan, loop, source, learning_rate):
     """What a backup must match to be resumed: the same model trained the same way."""
     return {"run": plan.name, "model": AutoEncoder.__name__,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": loop,
-            "precision": args.precision,
-            "optimizer": args.optimizer, "data_source": source.label}
+            "precision": args.precision, "optimizer": args.optimizer,
+            "learning_rate": learning_rate, "data_source": source.label}
 
 
-def run_record(args, strategy, plan, source, data_dir, history, timer, learning_rate,
-               started):
-    """The run record: what ran, on what, with which data, and how it went."""
+def resume(backup, args, strategy, cluster):
+    """The epochs a backup has done (0 without one), the same on every worker."""
+    if backup is None:
+        return 0
+    done = backup.resume()
+    if done > args.epochs:
+        raise UserError(f"the backup in {args.backup_dir} has {done} epochs done, more "
+                        f"than --epochs {args.epochs}; raise --epochs, or delete the "
+                        "backup to start fresh")
+    if cluster:
+        # a collective every worker runs: did they all find the same backup?
+        mine = strategy.run(lambda: tf.constant(done))
+        low = int(strategy.reduce(tf.distribute.ReduceOp.MIN, mine, axis=None))
+        high = int(strategy.reduce(tf.distribute.ReduceOp.MAX, mine, axis=None))
+        if low != high:
+            raise UserError(f"the workers found different backups in {args.backup_dir} "
+                            f"({low} and {high} epochs done): every worker must see the "
+                            "chief's folder; use a bucket (gs://...) or a shared disk")
+    if done:
+        print(f"[INFO] resuming from {args.backup_dir}: {done} of {args.epochs} "
+              "epochs done")
+    return done
+
+
+def run_record(args, strategy, plan, source, data_dir, learning_rate, started, *,
+               loop, workers, history, timer, resumed_from_epoch, validation):
+    """The run record: what ran, on what, with which data, and how it went.
+
+    `validation` is (validation steps or None, images val_loss averages,
+    images in the split).
+    """
+    validation_steps, validation_images, split_images = validation
     return {
         "device": plan.device,
         "name": plan.name,
@@ -308,12 +342,17 @@ def run_record(args, strategy, plan, source, data_dir, history, timer, learning_
         "strategy": ("MultiWorkerMirroredStrategy"
                      if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
                      else type(strategy).__name__),
+        "workers": workers,
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.global_batch_size // plan.replicas,
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
         "epochs": args.epochs,
+        "resumed_from_epoch": resumed_from_epoch,
+        "loop": loop,
+        "precision": args.precision,
+        "jit_compile": args.jit_compile,
         "optimizer": args.optimizer,
         "learning_rate": learning_rate,
         "learning_rate_scaling": args.lr_scaling,
@@ -322,6 +361,9 @@ def run_record(args, strategy, plan, source, data_dir, history, timer, learning_
         "data_source_reason": source.reason,
         "train_images": split_size(config.DATA_NAME, config.TRAIN_FLAG, source.name,
                                    data_dir),
+        "validation_steps": validation_steps,
+        "validation_images": validation_images,
+        "validation_split_images": int(split_images),
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,
         "epoch_seconds": timer.epoch_seconds,

@@ -58,3 +58,11 @@ def test_steps_must_be_positive(tmp_path, capsys):
         benchmark_pipeline.main(["--data-dir", str(tmp_path), "--steps", "0"])
     assert exit_info.value.code == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path):
+    benchmark_pipeline.main(["--data-dir", str(tiny_mnist), "--steps", "4", "--trials", "1",
+                             "--profile-dir", str(tmp_path / "profile")])
+    for name in ("article-style", "efficient_pipeline", "train_cpu.py"):
+        traces = list((tmp_path / "profile" / name).rglob("*.xplane.pb"))
+        assert traces, name

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import train_cpu
-from pyimagesearch import outputs
+from pyimagesearch import files, outputs
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]
@@ -49,7 +49,7 @@ def test_a_failed_publish_keeps_the_old_files_in_the_bucket(monkeypatch):
     with pytest.raises(tf.errors.UnavailableError):
         with outputs.StagedOutputs(folder) as staged:
             for name in ("a.json", "b.json"):
-                outputs.write_json(staged.path(name), {"new": 1})
+                files.write_json(staged.path(name), {"new": 1})
     for name in ("a.json", "b.json"):
         with tf.io.gfile.GFile(f"{folder}/{name}") as handle:
             assert handle.read() == "old"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch import data, outputs
+from pyimagesearch import data, files, outputs
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -66,7 +66,7 @@ def test_failure_while_saving_leaves_earlier_outputs_untouched(tmp_path, monkeyp
 def test_staged_outputs_replace_only_on_success(tmp_path):
     (tmp_path / "a.json").write_text("old")
     with outputs.StagedOutputs(str(tmp_path)) as staged:
-        outputs.write_json(staged.path("a.json"), {"new": 1})
+        files.write_json(staged.path("a.json"), {"new": 1})
         assert (tmp_path / "a.json").read_text() == "old"  # not yet
     assert json.loads((tmp_path / "a.json").read_text()) == {"new": 1}
 

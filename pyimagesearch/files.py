@@ -1,0 +1,31 @@
+"""Paths and small files that may live in a bucket (gs://...), through tf.io.gfile.
+
+A leaf module: importing it pulls in nothing of Matplotlib or Keras.
+"""
+import json
+import os
+
+import tensorflow as tf
+
+from pyimagesearch.errors import UserError, first_line
+
+
+def join(folder, name):
+    """`folder`/`name` for a local path or a URL such as gs://bucket/out."""
+    return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
+
+
+def write_json(path, content):
+    """Write `content` as indented JSON, atomically: a temporary name, then a rename.
+
+    A crash never leaves half a file; a failure is a UserError naming the file.
+    """
+    temporary = f"{path}.tmp"
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(json.dumps(content, indent=2) + "\n")
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except (OSError, tf.errors.OpError) as error:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise UserError(f"cannot write {path}: {first_line(error)}") from error
