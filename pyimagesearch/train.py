@@ -313,12 +313,14 @@ def resume(backup, args, strategy, cluster):
                         "backup to start fresh")
     if cluster:
         # a collective every worker runs: did they all find the same backup?
-        mine = strategy.run(lambda: tf.constant(done))
-        low = int(strategy.reduce(tf.distribute.ReduceOp.MIN, mine, axis=None))
-        high = int(strategy.reduce(tf.distribute.ReduceOp.MAX, mine, axis=None))
-        if low != high:
+        # (all equal exactly when n x sum of squares == square of the sum;
+        # every worker gets the same answer, so all stop or none)
+        mine = strategy.run(lambda: tf.constant([1.0, done, done * done], tf.float64))
+        count, total, squares = strategy.reduce(tf.distribute.ReduceOp.SUM, mine,
+                                                axis=None).numpy()
+        if count * squares != total * total:
             raise UserError(f"the workers found different backups in {args.backup_dir} "
-                            f"({low} and {high} epochs done): every worker must see the "
+                            f"(this one: {done} epochs done): every worker must see the "
                             "chief's folder; use a bucket (gs://...) or a shared disk")
     if done:
         print(f"[INFO] resuming from {args.backup_dir}: {done} of {args.epochs} "
