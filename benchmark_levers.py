@@ -4,7 +4,7 @@
     python benchmark_levers.py --device gpu --batch-size 1024 --json gpu_1024.json
 
 Each set-up trains the article's autoencoder on the same data, batch and
-optimizer with `train_cpu.py`'s pipeline, taking turns over `--trials`
+optimizer with `train_cpu.py`'s pipeline (benchmark_pipeline.time_epoch), taking turns over `--trials`
 rounds; a trial is two epochs and keeps the second (the first includes
 tracing and XLA compilation). Reported: the median seconds of an epoch of
 `--steps` steps and the speed-up over float32 in the same process.
@@ -30,31 +30,6 @@ DEFAULT_SETUPS = {"cpu": ("float32", "mixed_bfloat16", "xla"),
                   "gpu": ("float32", "mixed_float16", "xla")}
 
 
-def time_epoch(dataset, steps, precision, jit_compile, strategy):
-    """Seconds of the second of two training epochs of `steps` steps."""
-    import keras
-
-    from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.callbacks import EpochTimer
-    from pyimagesearch.loss import MSELoss
-    from pyimagesearch.precision import set_precision, with_loss_scaling
-    from pyimagesearch.train import make_optimizer, steps_per_execution
-
-    with strategy.scope():
-        set_precision(precision)
-        model = AutoEncoder()
-        optimizer = with_loss_scaling(make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
-                                      precision)
-        model.compile(loss=MSELoss(), optimizer=optimizer, jit_compile=jit_compile,
-                      steps_per_execution=steps_per_execution(steps))
-        timer = EpochTimer()
-        model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=[timer],
-                  shuffle=False, verbose=0)
-    set_precision("float32")
-    keras.backend.clear_session()
-    return timer.train_seconds[1]
-
-
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,7 +52,9 @@ def main(argv=None):
     setups = args.setups or DEFAULT_SETUPS[args.device]
     steps = args.steps or config.TRAIN_IMAGES // args.batch_size
 
+    from benchmark_pipeline import time_epoch
     from pyimagesearch import data, strategy
+    from pyimagesearch.train import steps_per_execution
 
     chosen = strategy.get_strategy(args.device)
     dataset = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=args.batch_size,
@@ -88,7 +65,9 @@ def main(argv=None):
     for trial in range(args.trials):
         for name in setups:
             precision, jit_compile = SETUPS[name]
-            seconds[name].append(time_epoch(dataset, steps, precision, jit_compile, chosen))
+            seconds[name].append(time_epoch(dataset, steps, steps_per_execution(steps),
+                                            precision=precision, jit_compile=jit_compile,
+                                            strategy=chosen))
             print(f"[INFO] trial {trial + 1}: {name:15s} {seconds[name][-1]:6.2f} s/epoch",
                   flush=True)
     medians = {name: statistics.median(values) for name, values in seconds.items()}

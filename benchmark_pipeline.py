@@ -86,23 +86,25 @@ def efficient_pipeline(data_dir, batch_size, source="tfds"):
 PROFILED_STEPS = 26  # steps of the second epoch traced with --profile-dir (2 x 13)
 
 
-def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None):
+def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
+               precision="float32", jit_compile=False, strategy=None):
     """Seconds of the second of two training epochs on `dataset`.
 
     With `profile_dir`, a profiler trace of about PROFILED_STEPS steps early
     in the second epoch goes there (Keras counts them in executions).
+    `precision`, `jit_compile` and `strategy` (default: TensorFlow's default
+    strategy) are those benchmark_levers.py compares.
     """
     import keras
+    import tensorflow as tf
 
     from pyimagesearch.autoencoder import AutoEncoder
     from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
+    from pyimagesearch.precision import set_precision, with_loss_scaling
     from pyimagesearch.train import make_optimizer
 
-    model = AutoEncoder()
-    model.compile(loss=MSELoss(scale=1),
-                  optimizer=make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
-                  steps_per_execution=steps_per_execution)
+    strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
     callbacks = [timer]
     if profile_dir:
@@ -112,8 +114,17 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None):
         last = min(first + max(1, PROFILED_STEPS // steps_per_execution) - 1, 2 * executions)
         callbacks.append(keras.callbacks.TensorBoard(profile_dir, write_graph=False,
                                                      profile_batch=(first, last)))
-    model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
-              shuffle=False, verbose=0)
+    with strategy.scope():
+        set_precision(precision)
+        model = AutoEncoder()
+        optimizer = with_loss_scaling(make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
+                                      precision)
+        model.compile(loss=MSELoss(scale=strategy.num_replicas_in_sync), optimizer=optimizer,
+                      steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
+                  shuffle=False, verbose=0)
+    set_precision("float32")
+    keras.backend.clear_session()
     return timer.train_seconds[1]
 
 
@@ -150,7 +161,7 @@ def input_only(args, source, command):
 
     from pyimagesearch import data, tfrecords
     from pyimagesearch.errors import UserError
-    from pyimagesearch.train import _machine
+    from pyimagesearch.train import machine_info
 
     scratch = None
     if args.tfrecord_dir is None:
@@ -211,7 +222,7 @@ def input_only(args, source, command):
             "tfrecord_dir": args.tfrecord_dir or "a temporary folder, deleted",
             "data": source.reason, "tfrecord_data": records.reason,
             "command": command,
-            "machine": _machine(), "load_average_1min": {"start": load[0], "end": load[-1]},
+            "machine": machine_info(), "load_average_1min": {"start": load[0], "end": load[-1]},
             "tensorflow_version": tf.__version__}
 
 

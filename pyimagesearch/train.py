@@ -159,7 +159,7 @@ def make_optimizer(name, learning_rate):
     raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-def _machine():
+def machine_info():
     """A short description of the machine, for the run record."""
     model = platform.processor()
     try:
@@ -375,7 +375,7 @@ def run_record(args, strategy, plan, source, data_dir, learning_rate, started, *
         "loss": [float(v) for v in history["loss"]],
         "val_loss": [float(v) for v in history["val_loss"]],
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
-        "machine": _machine(),
+        "machine": machine_info(),
         "started_at": started.isoformat(timespec="seconds"),
     }
 
