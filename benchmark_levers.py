@@ -54,7 +54,7 @@ def main(argv=None):
 
     from benchmark_pipeline import time_epoch
     from pyimagesearch import data, strategy
-    from pyimagesearch.train import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     chosen = strategy.get_strategy(args.device)
     dataset = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=args.batch_size,

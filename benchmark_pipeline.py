@@ -74,12 +74,12 @@ def article_style_pipeline(data_dir, batch_size, tfds_cache=False):
     return dataset.batch(batch_size, drop_remainder=True).repeat()
 
 
-def efficient_pipeline(data_dir, batch_size, source="tfds"):
-    """train_cpu.py's pipeline: in memory from tfds, or the TFRecord reader from a folder."""
+def efficient_pipeline(source, batch_size):
+    """train_cpu.py's pipeline from a resolved Source: in memory, or the TFRecord reader."""
     from pyimagesearch.data import get_data
 
     return get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=batch_size,
-                    shuffleSize=config.SHUFFLE_SIZE, source=source, data_dir=data_dir,
+                    shuffleSize=config.SHUFFLE_SIZE, source=source,
                     repeat=True, drop_remainder=True, seed=config.SEED)
 
 
@@ -161,7 +161,7 @@ def input_only(args, source, command):
 
     from pyimagesearch import data, tfrecords
     from pyimagesearch.errors import UserError
-    from pyimagesearch.train import machine_info
+    from pyimagesearch.outputs import machine_info
 
     scratch = None
     if args.tfrecord_dir is None:
@@ -169,8 +169,7 @@ def input_only(args, source, command):
         folder = os.path.join(scratch, "mnist")
         print(f"[INFO] writing TFRecords of {source.label} into {folder}")
         tfrecords.write_folder(
-            folder, {split: data.load_examples(config.DATA_NAME, split, source.name,
-                                               source.data_dir)
+            folder, {split: source.examples(split)
                      for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG)},
             config.DATA_NAME, origin=source.label, origin_reason=source.reason,
             command=command, shards=TFRECORD_SHARDS)
@@ -179,8 +178,7 @@ def input_only(args, source, command):
     try:
         records = data.resolve_source("tfrecord", config.DATA_NAME, folder)
         print(f"[INFO] tfrecord: {records.reason}")
-        sizes = [data.split_size(config.DATA_NAME, config.TRAIN_FLAG, name, where)
-                 for name, where in ((source.name, source.data_dir), ("tfrecord", folder))]
+        sizes = [chosen.size(config.TRAIN_FLAG) for chosen in (source, records)]
         if records.origin != source.label or sizes[0] != sizes[1]:
             raise UserError(f"--tfrecord-dir {folder} holds {sizes[1]:,} training images "
                                 f"from {records.origin}, --data-dir {sizes[0]:,} from "
@@ -189,8 +187,8 @@ def input_only(args, source, command):
         # name -> a fresh pipeline of (image, image) float batches
         setups = {
             "article_style": lambda: article_style_pipeline(source.data_dir, batch),
-            "tfrecord": lambda: efficient_pipeline(folder, batch, source="tfrecord"),
-            "in_memory": lambda: efficient_pipeline(source.data_dir, batch),
+            "tfrecord": lambda: efficient_pipeline(records, batch),
+            "in_memory": lambda: efficient_pipeline(source, batch),
             "article_style_tfds_cache": lambda: article_style_pipeline(
                 source.data_dir, batch, tfds_cache=True),
         }
@@ -264,7 +262,7 @@ def main(argv=None):
         cli.check_output_file(args.json)
 
     from pyimagesearch import data, strategy
-    from pyimagesearch.train import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     strategy.cpu_strategy()
     source = data.resolve_source("tfds", config.DATA_NAME, data.resolve_data_dir(args.data_dir))
@@ -278,13 +276,14 @@ def main(argv=None):
     steps = args.steps
     spe = steps_per_execution(steps)
     # name -> (pipeline, steps per execution)
-    setups = {"article-style": (article_style_pipeline, 1),
-              "efficient pipeline": (efficient_pipeline, 1),
-              "train_cpu.py": (efficient_pipeline, spe)}
+    batch = config.BATCH_SIZE
+    setups = {"article-style": (lambda: article_style_pipeline(source.data_dir, batch), 1),
+              "efficient pipeline": (lambda: efficient_pipeline(source, batch), 1),
+              "train_cpu.py": (lambda: efficient_pipeline(source, batch), spe)}
     seconds = {name: [] for name in setups}
     for trial in range(args.trials):
         for name, (build, execution) in setups.items():
-            dataset = build(args.data_dir, config.BATCH_SIZE)
+            dataset = build()
             profile = (os.path.join(args.profile_dir, name.replace(" ", "_"))
                        if args.profile_dir and trial == 0 else None)
             seconds[name].append(time_epoch(dataset, steps, execution, profile))

@@ -112,7 +112,7 @@ def comparison_figure(runs, source):
     import numpy as np
 
     import pyimagesearch  # noqa: F401  (registers the model for loading)
-    from pyimagesearch.data import figure_digits, load_images, resolve_data_dir, resolve_source
+    from pyimagesearch.data import figure_digits, resolve_data_dir, resolve_source
     from pyimagesearch.outputs import Figure
     from pyimagesearch.strategy import cpu_strategy
 
@@ -129,8 +129,7 @@ def comparison_figure(runs, source):
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
     data_dir = resolve_data_dir(None) if source == "tfds" else None
     resolved = resolve_source(source, config.DATA_NAME, data_dir)  # fails fast offline
-    digits = figure_digits(load_images(config.DATA_NAME, config.VALIDATION_FLAG,
-                                       resolved.name, data_dir))
+    digits = figure_digits(resolved.images(config.VALIDATION_FLAG))
 
     columns = 1 + len(models)
     figure = Figure(figsize=(1.6 * columns + 4, 1.6 * len(digits)), layout="constrained")

@@ -29,7 +29,7 @@ import numpy as np
 from pyimagesearch import cli, config
 from pyimagesearch.data import STAND_IN_MARKER
 from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.quiet import native_stderr_quiet
+from pyimagesearch.workarounds import native_stderr_quiet
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}

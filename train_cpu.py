@@ -11,13 +11,13 @@ from pyimagesearch import cli
 
 
 def main(argv=None):
-    args = cli.build_parser("cpu", __doc__).parse_args(argv)
-    cli.check_run_flags(args)
+    settings = cli.run_settings(cli.build_parser("cpu", __doc__).parse_args(argv))
+    cli.check_run_flags(settings)
 
-    from pyimagesearch import strategy, train
+    from pyimagesearch import strategy as strategies, train
     # one device, the CPU: the strategy only pins the work there
-    cpuStrategy = strategy.cpu_strategy()
-    train.run(args, cpuStrategy, device="cpu")
+    strategy = strategies.cpu_strategy()
+    train.run(settings, strategy, device="cpu")
 
 
 if __name__ == "__main__":

@@ -17,21 +17,31 @@ TF_CONFIG only the chief (or worker 0) writes, and training runs the custom
 loop (Keras 3's fit does not run under MultiWorkerMirroredStrategy).
 """
 from pyimagesearch import cli
-from pyimagesearch.cluster import read_tf_config
+from pyimagesearch.cluster import peer_loss_reported, read_tf_config
 
 
 def main(argv=None):
     args = cli.build_parser("gpu", __doc__).parse_args(argv)
+    settings = cli.run_settings(args)
     # a TF_CONFIG naming several workers makes this process one of them
     cluster = read_tf_config()
-    cli.check_run_flags(args, writes=cluster is None or cluster.is_chief)
+    cli.check_run_flags(settings, is_chief=cluster is None or cluster.is_chief)
 
-    from pyimagesearch import strategy, train
+    from pyimagesearch import strategy as strategies, train
     # MirroredStrategy over the GPUs (MultiWorkerMirroredStrategy across
     # machines), or over N logical CPUs to rehearse
-    gpuStrategy = strategy.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster)
-    train.run(args, gpuStrategy, device="gpu", rehearsal=bool(args.rehearse),
-              cluster=cluster)
+    strategy = strategies.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster)
+    if cluster:
+        print(f"[INFO] {cluster.task_type} {cluster.task_index} of a {cluster.workers}-"
+              "worker cluster; custom loop, since Keras 3's fit does not run under "
+              "MultiWorkerMirroredStrategy")
+    # a collective that fails because a peer died becomes one line
+    with peer_loss_reported(cluster):
+        train.run(settings, strategy, device="gpu", rehearsal=bool(args.rehearse),
+                  cluster=cluster)
+    if cluster and not cluster.is_chief:
+        print(f"[INFO] {cluster.task_type} {cluster.task_index} done; the chief "
+              "writes the outputs")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ from pyimagesearch import cli
 
 def main(argv=None):
     args = cli.build_parser("tpu", __doc__).parse_args(argv)
-    cli.check_run_flags(args)
+    settings = cli.run_settings(args)
+    cli.check_run_flags(settings)
 
-    from pyimagesearch import strategy, train
+    from pyimagesearch import strategy as strategies, train
     # resolve, connect to and initialise the TPU, then build TPUStrategy;
     # --rehearse N stands N logical CPU devices in for the TPU cores
-    tpuStrategy = strategy.get_strategy("tpu", rehearse=args.rehearse, tpu=args.tpu)
-    train.run(args, tpuStrategy, device="tpu", rehearsal=bool(args.rehearse))
+    strategy = strategies.get_strategy("tpu", rehearse=args.rehearse, tpu=args.tpu)
+    train.run(settings, strategy, device="tpu", rehearsal=bool(args.rehearse))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def main(argv=None):
     cli.check_output_dir(args.output_dir)
     print(f"[INFO] reading {source.label} ({source.reason})")
     started = time.perf_counter()
-    splits = {split: data.load_examples(config.DATA_NAME, split, source.name, data_dir)
+    splits = {split: source.examples(split)
               for split in SPLITS}
     metadata = tfrecords.write_folder(
         args.output_dir, splits, config.DATA_NAME, origin=source.label,

@@ -7,7 +7,7 @@ saved `outputs/cpu.keras` loads back with `keras.saving.load_model`.
 """
 import os
 
-from pyimagesearch.quiet import VERBOSE_ENV, native_stderr_quiet
+from pyimagesearch.workarounds import VERBOSE_ENV, native_stderr_quiet
 
 if not os.environ.get(VERBOSE_ENV):
     # TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a

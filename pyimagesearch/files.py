@@ -29,3 +29,17 @@ def write_json(path, content):
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.remove(temporary)
         raise UserError(f"cannot write {path}: {first_line(error)}") from error
+
+
+def read_json(path, advice):
+    """A JSON file through tf.io.gfile; None if it is not there.
+
+    An unreadable or broken file is a UserError naming it and ending in `advice`.
+    """
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path) as handle:
+            return json.load(handle)
+    except (ValueError, tf.errors.OpError) as error:
+        raise UserError(f"cannot read {path} ({first_line(error)}); {advice}") from error

@@ -39,18 +39,19 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     tf.data.Dataset, which is distributed here, or already distributed
     (`strategy.distribute_datasets_from_function`). Keras callbacks get the
     hooks `fit` would call: train begin and end, epoch begin and end (with
-    the logs), test begin, and a batch begin and end per execution (the logs
-    say how many `steps` it ran). Epochs start at `initial_epoch` (a resumed
-    run), as in `fit`. `jit_compile` compiles each replica's step with XLA.
+    the logs), test begin, and a batch begin and end per execution, given
+    its first and last step as `fit` gives them. Epochs start at
+    `initial_epoch` (a resumed run), as in `fit`. `jit_compile` compiles each replica's step with XLA.
     Under mixed_float16 the optimizer is a LossScaleOptimizer: the loss is
     scaled up before the gradients are taken, and `apply_gradients` scales
     them back down (and skips a step whose gradients overflowed).
     """
     optimizer = model.optimizer
-    with strategy.scope():
-        # create the optimizer's slots now, in cross-replica context, not
-        # lazily inside strategy.run where new variables are not allowed
-        optimizer.build(model.trainable_variables)
+    if not optimizer.built:
+        with strategy.scope():
+            # create the optimizer's slots now, in cross-replica context, not
+            # lazily inside strategy.run where new variables are not allowed
+            optimizer.build(model.trainable_variables)
 
     @tf.function(jit_compile=jit_compile)
     def train_step(images, targets):
@@ -98,10 +99,11 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             start = time.perf_counter()
             total, step = 0.0, 0
             for count in execution_sizes(steps_per_epoch, steps_per_execution):
-                callbacks.on_train_batch_begin(step, {"steps": count})
+                # the step indices fit passes: first and last step of the call
+                callbacks.on_train_batch_begin(step)
                 total += float(train_steps(train_iterator, tf.constant(count)))
                 step += count
-                callbacks.on_train_batch_end(step - 1, {"steps": count})
+                callbacks.on_train_batch_end(step - 1)
             history["loss"].append(total / steps_per_epoch)
 
             callbacks.on_test_begin()
@@ -112,8 +114,7 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             history["val_loss"].append(error_sum / max(count, 1.0))
 
             callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
-                                           "val_loss": history["val_loss"][-1],
-                                           "steps": steps_per_epoch})
+                                           "val_loss": history["val_loss"][-1]})
             if verbose:
                 print(f"{steps_per_epoch}/{steps_per_epoch} - "
                       f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"

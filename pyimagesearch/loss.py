@@ -8,13 +8,16 @@ the same per-image values over the global batch with
 
 Why the scale. Under a `tf.distribute` strategy with N replicas, Keras runs
 the loss once per replica on 1/N of the global batch and *sums* the
-replicas' gradients, so each replica's loss must be divided by N. tf.keras 2,
-which the article used, divided every compiled loss by N itself, so the
-article's `MSELoss(scale=1)` was right there. Keras 3 still divides its own
-losses (`"mse"`) but leaves a callable that already returns a scalar, like
-this one, alone (checked with Keras 3.15, see tests/test_loss_scaling.py):
-under Keras 3 it must be `MSELoss(scale=strategy.num_replicas_in_sync)`, or
-every update is N times too large.
+replicas' gradients, so each replica's loss must be divided by N. tf.keras 2
+(TensorFlow 2.15 and earlier), which the article used, divided every
+compiled loss by N itself, so the article's `MSELoss(scale=1)` was right
+there. Keras 3 still divides its own losses (`"mse"`) but leaves a callable
+that already returns a scalar, like this one, alone (checked with Keras
+3.15, see tests/test_loss_scaling.py): under Keras 3 it must be
+`MSELoss(scale=strategy.num_replicas_in_sync)`, or the gradients are N
+times too large. With SGD every update is then N times too large; Adam
+divides each gradient by its own running size, so it nearly cancels the
+factor and the losses look much the same either way.
 """
 import keras
 import tensorflow as tf

@@ -1,4 +1,4 @@
-"""Write a run's outputs so that a failed run never leaves a broken or missing file.
+"""A run's outputs: the figure, the run record and the model, never half written.
 
 The outputs are written into a local scratch folder first (Matplotlib and
 Keras write local files), then copied next to their destination under
@@ -9,23 +9,20 @@ leaves the old outputs as they were. A local rename is atomic; on a bucket a
 rename is a copy, which can fail half-way only between files.
 """
 import os
+import platform
 import shutil
+import sys
 import tempfile
 
+import keras
 import matplotlib
 import tensorflow as tf
 
-from pyimagesearch.files import join
+from pyimagesearch import config
+from pyimagesearch.files import join, write_json
 
 matplotlib.use("Agg")  # no display needed; must precede any pyplot import
 from matplotlib.figure import Figure  # noqa: E402
-
-
-def figure_path(device):
-    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH: where `device`'s figure goes."""
-    from pyimagesearch import config
-
-    return getattr(config, f"{device.upper()}_IMG_PATH")
 
 
 class StagedOutputs:
@@ -90,3 +87,91 @@ def reconstruction_figure(inputs, predictions, title=None):
     if title:
         figure.suptitle(title)
     return figure
+
+
+def save_outputs(plan, record, model, testIm, predIm):
+    """Write figure, record and model; the old ones are replaced only when all are written.
+
+    A worker that is not the chief saves too, as TensorFlow's multi-worker
+    guide asks (saving may run collectives), into a folder that is removed.
+    """
+    if not plan.is_chief:
+        with tempfile.TemporaryDirectory(prefix="pyimagesearch-worker-") as scratch:
+            _write(scratch, plan.name, record, model, testIm, predIm)
+        return
+    print("[INFO] saving the predicted images, run record and model...")
+    folder = plan.settings.output_dir
+    _write(folder, plan.name, record, model, testIm, predIm)
+    for suffix in ("png", "json", "keras"):
+        print(f"[INFO] wrote {join(folder, plan.name)}.{suffix}")
+
+
+def _write(folder, name, record, model, testIm, predIm):
+    """The three outputs, staged and then published into `folder`."""
+    title = f"{name}: val_loss {record['val_loss'][-1]:.4f}"
+    with StagedOutputs(folder) as staged:
+        figure = reconstruction_figure(testIm, predIm, title=title)
+        figure.savefig(staged.path(f"{name}.png"), format="png", dpi=80)
+        write_json(staged.path(f"{name}.json"), record)
+        model.save(staged.path(f"{name}.keras"))
+
+
+def run_record(plan, strategy, source, validation, *, history, timer, resumed_from_epoch,
+               started):
+    """The run record: what ran, on what, with which data, and how it went."""
+    settings = plan.settings
+    return {
+        "device": plan.device,
+        "name": plan.name,
+        "rehearsal": plan.rehearsal,
+        # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy
+        "strategy": ("MultiWorkerMirroredStrategy"
+                     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                     else type(strategy).__name__),
+        "workers": plan.workers,
+        "replicas": plan.replicas,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.global_batch_size // plan.replicas,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "steps_per_execution": plan.steps_per_execution,
+        "epochs": settings.epochs,
+        "resumed_from_epoch": resumed_from_epoch,
+        "loop": plan.loop,
+        "precision": settings.precision,
+        "jit_compile": settings.jit_compile,
+        "optimizer": settings.optimizer,
+        "learning_rate": plan.learning_rate,
+        "learning_rate_scaling": settings.lr_scaling,
+        "seed": settings.seed,
+        "data_source": source.label,
+        "data_source_reason": source.reason,
+        "train_images": source.size(config.TRAIN_FLAG),
+        "validation_steps": validation.steps,
+        "validation_images": validation.images,
+        "validation_split_images": validation.split_images,
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "epoch_seconds": timer.epoch_seconds,
+        "train_seconds": timer.train_seconds,
+        "images_per_second": [plan.steps_per_epoch * plan.global_batch_size / s
+                              for s in timer.train_seconds],
+        "loss": [float(v) for v in history["loss"]],
+        "val_loss": [float(v) for v in history["val_loss"]],
+        "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
+        "machine": machine_info(),
+        "started_at": started.isoformat(timespec="seconds"),
+    }
+
+
+def machine_info():
+    """A short description of the machine, for the run record."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"platform": platform.platform(), "processor": platform.machine(),
+            "cpu_model": model, "cpu_count": cpus, "python": platform.python_version()}

@@ -8,13 +8,13 @@ TensorFlow's own words where it gave any, and what to do instead.
 """
 import os
 import re
-import sys
 import threading
 
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.quiet import native_stderr_quiet
+from pyimagesearch.workarounds import (local_cpu_devices, native_stderr_quiet,
+                                      plain_device_buffers)
 
 
 def hide_gpus():
@@ -107,56 +107,6 @@ def gpu_strategy():
     if not gpus:
         raise UserError(_no_gpu_message(captured.text()))
     return tf.distribute.MirroredStrategy()
-
-
-def plain_device_buffers():
-    """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
-
-    Every strategy hands each replica its batches through a small tf.data
-    pipeline of its own (a generator feeding a prefetch of 1), with
-    autotuning on and TensorFlow's default rewrites, and nothing to tune or
-    rewrite. Two things follow. Tearing a buffer down waits for its
-    autotuning thread to wake up, and Keras tears them down between epochs:
-    with 8 logical CPU devices (TF 2.21) epochs of 6 s took 20 to 140 s, the
-    process idle, and the end of training stalled for minutes (6.5 s with
-    autotuning off). And the attempted rewrite of a generator logs a warning
-    on every run ("Input of GeneratorDatasetOp::Dataset will not be
-    optimized"). The hook is private TensorFlow API: where it is missing
-    nothing is changed, and a warning says so once, since rehearsals may
-    then stall again.
-    """
-    try:
-        from tensorflow.python.data.ops import multi_device_iterator_ops as ops
-    except ImportError:
-        ops = None
-    original = getattr(ops, "_create_device_dataset", None)
-    if original is None:
-        _warn_hook_missing()
-        return
-    if getattr(original, "_pyimagesearch", False):
-        return  # patched already (a second rehearsal in one process)
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    options.experimental_optimization.apply_default_optimizations = False
-
-    def create_device_dataset(*args, **kwargs):
-        return original(*args, **kwargs).with_options(options)
-
-    create_device_dataset._pyimagesearch = True
-    ops._create_device_dataset = create_device_dataset
-
-
-_hook_missing_warned = False
-
-
-def _warn_hook_missing():
-    """Say once per process that the rehearsal stall fix is switched off."""
-    global _hook_missing_warned
-    if not _hook_missing_warned:
-        _hook_missing_warned = True
-        print("warning: this TensorFlow has no multi_device_iterator_ops."
-              "_create_device_dataset to turn autotuning off on per-device input "
-              "buffers, so rehearsal epochs may stall for minutes", file=sys.stderr)
 
 
 def rehearsal_strategy(replicas):
@@ -294,50 +244,13 @@ def multi_worker_strategy(cluster, rehearse=None):
         gpu_strategy()  # raises the one-line "no GPU" error, with its cause
     # no per-collective timeout (TensorFlow calls it a debugging aid: a thread
     # per collective); a lost peer is noticed by the coordination service
-    with _local_cpu_devices(rehearse):
+    with local_cpu_devices(rehearse):
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     expected = cluster.workers * (rehearse or 1)  # every worker has as many devices
     if rehearse and strategy.num_replicas_in_sync != expected:
         raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
                         f"expected {expected}")
     return strategy
-
-
-class _local_cpu_devices:
-    """While building the strategy, give each worker `count` CPU devices, not one.
-
-    MultiWorkerMirroredStrategy puts one replica per GPU, or a single one on
-    the CPU (CollectiveAllReduceExtended._initialize_local_devices); a
-    rehearsal of K GPUs per worker needs K logical CPU devices there. Private
-    TensorFlow API: where it is missing, --rehearse K > 1 is refused.
-    """
-
-    def __init__(self, count):
-        self.count = count or 1
-
-    def __enter__(self):
-        if self.count == 1:
-            return
-        from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-        extended = car.CollectiveAllReduceExtended
-        self._original = getattr(extended, "_initialize_local_devices", None)
-        if self._original is None:
-            raise UserError("this TensorFlow cannot rehearse several devices per "
-                            "worker; use --rehearse 1 and more workers")
-        count = self.count
-
-        def cpu_devices(self_, cluster_resolver, worker_device):
-            return tuple(f"{worker_device}/device:CPU:{i}" for i in range(count)), "CPU"
-
-        extended._initialize_local_devices = cpu_devices
-
-    def __exit__(self, *exc):
-        if self.count > 1:
-            from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-            car.CollectiveAllReduceExtended._initialize_local_devices = self._original
-        return False
 
 
 def get_strategy(device, rehearse=None, tpu=None, cluster=None):

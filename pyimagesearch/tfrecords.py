@@ -27,7 +27,8 @@ import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.files import join, write_json
-from pyimagesearch.quiet import native_stderr_quiet
+from pyimagesearch.passes import seeded_passes
+from pyimagesearch.workarounds import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
 FORMAT = "pyimagesearch-tfrecords"
@@ -336,9 +337,12 @@ def _verify_shard(path, count, size, shape, compression):
 
 # --- reading -----------------------------------------------------------------
 
-def read_split(folder, split):
-    """A whole split in shard order: (uint8 images (N, h, w, c), int64 labels)."""
-    metadata = read_metadata(folder)
+def read_split(folder, split, metadata=None):
+    """A whole split in shard order: (uint8 images (N, h, w, c), int64 labels).
+
+    `metadata` is the folder's, when the caller has read it already.
+    """
+    metadata = metadata or read_metadata(folder)
     paths, _ = split_files(folder, metadata, split)
     dataset = tf.data.TFRecordDataset(paths,
                                       compression_type=COMPRESSIONS[metadata["compression"]])
@@ -379,20 +383,21 @@ def pass_size(folder, metadata, split, shard=None):
     return len(range(index, sum(counts), pipelines))  # every pipelines-th record
 
 
-def record_batches(folder, metadata, split, batch_size, shuffle_size=None, repeat=False,
-                   drop_remainder=False, seed=None, keep=None, shard=None):
+def record_batches(folder, metadata, split, reading, keep=None, shard=None):
     """Batches of serialized records of `split`, read the way a training run wants them.
 
-    With `shuffle_size`, every pass over the data (an epoch's worth of
-    records) reads the shards in a new order, `INTERLEAVE_CYCLE` of them at
-    once in parallel, and shuffles the records in a buffer of `shuffle_size`;
-    without it the split is read in order. Each pass has its own seed derived
-    from `seed`, so every new iterator (Keras opens one to build the model,
-    every worker of a cluster opens its own) reads the same sequence of
-    passes. `keep` cuts each pass to that many records, before the shuffle.
-    `shard` = (pipelines, index) makes this one of several input pipelines:
-    it reads every pipelines-th shard file when there are at least as many
-    files as pipelines, else every pipelines-th record (see `pass_size`).
+    `reading` (a `data.Reading`) gives the batch size, shuffle buffer, seed,
+    repeat and drop_remainder. With a shuffle buffer, every pass over the
+    data (an epoch's worth of records) reads the shards in a new order,
+    `INTERLEAVE_CYCLE` of them at once in parallel, and shuffles the records
+    in the buffer; without one the split is read in order. Each pass has its
+    own seed derived from the reading's, so every new iterator (Keras opens
+    one to build the model, every worker of a cluster opens its own) reads
+    the same sequence of passes. `keep` cuts each pass to that many records,
+    before the shuffle. `shard` = (pipelines, index) makes this one of
+    several input pipelines: it reads every pipelines-th shard file when
+    there are at least as many files as pipelines, else every pipelines-th
+    record (see `pass_size`).
     """
     paths, _ = split_files(folder, metadata, split)
     compression = COMPRESSIONS[metadata["compression"]]
@@ -404,6 +409,7 @@ def record_batches(folder, metadata, split, batch_size, shuffle_size=None, repea
         # by data: each pipeline reads every record and keeps its share,
         # which needs the same record order in every pipeline
         by_data = shard
+    seed, shuffle_size = reading.seed, reading.shuffle_size
     # parallel reads in a fixed order only where the order matters
     deterministic = seed is not None or by_data is not None
     if seed is None:
@@ -440,5 +446,5 @@ def record_batches(folder, metadata, split, batch_size, shuffle_size=None, repea
                                       reshuffle_each_iteration=False)
         return records
 
-    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
-    return passes.flat_map(one_pass).batch(batch_size, drop_remainder=drop_remainder)
+    return seeded_passes(one_pass, seed, reading.repeat).batch(
+        reading.batch_size, drop_remainder=reading.drop_remainder)

@@ -10,7 +10,7 @@ import pytest
 
 import benchmark_pipeline
 import prepare_mnist
-from pyimagesearch import config, data
+from pyimagesearch import config
 
 SETUPS = {"article-style", "efficient pipeline", "train_cpu.py"}
 KEYS = {"seconds", "median_seconds", "speedup_over_article_style", "steps", "trials",
@@ -24,9 +24,7 @@ def tiny_mnist(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "VALIDATION_IMAGES", 20)
     data_dir = tmp_path / "tfds"
     prepare_mnist.prepare(str(data_dir))
-    data.load_images.cache_clear()
-    yield data_dir
-    data.load_images.cache_clear()  # let go of the images of a deleted folder
+    return data_dir
 
 
 def test_a_short_benchmark_writes_consistent_figures(tiny_mnist, tmp_path, capsys):

@@ -9,17 +9,16 @@ from pyimagesearch.errors import UserError
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    data.load_images.cache_clear()
-    data._sample_splits.cache_clear()
+    data._split_sample.cache_clear()
     yield
-    data.load_images.cache_clear()
-    data._sample_splits.cache_clear()
+    data._split_sample.cache_clear()
 
 
 def test_get_data_through_tfds_load(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
         ds = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=16,
-                           shuffleSize=64, source="tfds", data_dir=str(tmp_path))
+                           shuffleSize=64,
+                           source=data.TfdsSource("tfds' mock data", str(tmp_path)))
         batches = list(ds)
     assert [len(x) for x, _ in batches] == [16, 16, 8]
     images, targets = batches[0]
@@ -29,20 +28,20 @@ def test_get_data_through_tfds_load(tmp_path):
 
 
 def test_sample_split_is_stratified_deterministic_and_disjoint():
-    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
-    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    train = data.SampleSource().images(config.TRAIN_FLAG)
+    val = data.SampleSource().images(config.VALIDATION_FLAG)
     assert train.shape == (4500, 28, 28, 1) and val.shape == (500, 28, 28, 1)
     assert train.dtype == np.uint8 and val.max() > 200  # real pixel values
     train_rows = {row.tobytes() for row in train}
     assert not any(row.tobytes() in train_rows for row in val)
-    data._sample_splits.cache_clear()
+    data._split_sample.cache_clear()
     np.testing.assert_array_equal(
-        data._sample_splits()[config.VALIDATION_FLAG], val)
+        data._split_sample()[config.VALIDATION_FLAG][0], val)
 
 
 def test_sample_validation_holds_every_digit_in_proportion():
     pixels, labels = data.read_sample()
-    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    val = data.SampleSource().images(config.VALIDATION_FLAG)
     index = {row.tobytes(): label for row, label in zip(pixels, labels)}
     val_labels = np.array([index[row.tobytes()] for row in val])
     counts = np.bincount(val_labels, minlength=10)
@@ -62,7 +61,7 @@ def test_training_pipeline_shuffles_repeats_and_keeps_full_batches():
 
 
 def test_validation_pipeline_keeps_order():
-    val = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")
+    val = data.SampleSource().images(config.VALIDATION_FLAG)
     ds = data.get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=128,
                        source="sample")
     first = next(iter(ds))[0].numpy()
@@ -110,7 +109,7 @@ def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):
     broken.write_bytes(b"\x1f\x8b\x08 this is not gzip")
     monkeypatch.setattr(data, "sample_path", lambda: str(broken))
     with pytest.raises(UserError, match="cannot read the MNIST sample"):
-        data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
+        data.SampleSource().images(config.TRAIN_FLAG)
 
 
 def test_a_stand_in_dataset_is_labelled_as_one(tmp_path, monkeypatch):
@@ -138,9 +137,9 @@ def test_a_stand_in_in_tfds_default_data_dir_is_found(tmp_path, monkeypatch):
 
 
 def test_training_data_is_reshuffled_every_epoch():
-    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
-    dataset = data.make_pipeline(train, batch_size=4500, shuffle_size=4500,
-                                 repeat=True, drop_remainder=True, seed=5)
+    train = data.SampleSource().images(config.TRAIN_FLAG)
+    dataset = data.make_pipeline(train, data.Reading(batch_size=4500, shuffle_size=4500,
+                                                     repeat=True, drop_remainder=True, seed=5))
     first, second = [(images.numpy() * 255).round().astype(np.uint8)
                      for images, _ in dataset.take(2)]
     keys = {row.tobytes() for row in train}
@@ -153,17 +152,16 @@ def test_training_data_is_reshuffled_every_epoch():
 def test_each_replica_gets_its_slice_of_every_global_batch(replicas):
     import tensorflow as tf
 
-    train = data.load_images(config.DATA_NAME, config.TRAIN_FLAG, "sample")
-    whole = [images.numpy() for images, _ in data.make_pipeline(
-        train, batch_size=12, shuffle_size=100, repeat=True, drop_remainder=True,
-        seed=1).take(3)]
+    train = data.SampleSource().images(config.TRAIN_FLAG)
+    reading = data.Reading(batch_size=12, shuffle_size=100, repeat=True,
+                           drop_remainder=True, seed=1)
+    whole = [images.numpy() for images, _ in data.make_pipeline(train, reading).take(3)]
     for pipelines in (1, replicas):
         local = replicas // pipelines
         for pipeline in range(pipelines):
             context = tf.distribute.InputContext(pipelines, pipeline, replicas)
             pieces = [images.numpy() for images, _ in data.make_pipeline(
-                train, batch_size=12, shuffle_size=100, repeat=True, drop_remainder=True,
-                seed=1, input_context=context).take(3 * local)]
+                train, reading, input_context=context).take(3 * local)]
             per = 12 // replicas
             for step in range(3):
                 for offset in range(local):

@@ -14,7 +14,9 @@ import train_gpu
 import train_tpu
 from pyimagesearch import cli, config
 from pyimagesearch.errors import UserError
-from pyimagesearch.train import plan_run, scaled_learning_rate, validation_data
+from pyimagesearch.data import SampleSource
+from pyimagesearch.plan import Settings, plan_run, scaled_learning_rate
+from pyimagesearch.train import validation_data
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -55,7 +57,7 @@ def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path, loop):
 
 def test_tpu_defaults_are_the_articles():
     args = cli.build_parser("tpu", "").parse_args([])
-    plan = plan_run("tpu", args, replicas=8)
+    plan = plan_run("tpu", Settings.from_args(args), replicas=8)
     assert (plan.global_batch_size, plan.steps_per_epoch) == (1024, 58)
     assert plan.steps_per_epoch == config.TPU_STEPS_PER_EPOCH
     assert plan.global_batch_size // plan.replicas == 128 and plan.fixed_validation
@@ -69,8 +71,9 @@ def test_tpu_validation_is_exactly_the_recorded_full_batches(batch, steps):
     # Keras would round validation_steps up to whole steps_per_execution, so
     # the count is fixed in the dataset itself: read to its end, it has `steps`
     args = cli.build_parser("tpu", "").parse_args(["--batch-size", str(batch)])
-    plan = plan_run("tpu", args, replicas=4)
-    dataset, recorded, images = validation_data(ONE_DEVICE, plan, "sample", None)
+    plan = plan_run("tpu", Settings.from_args(args), replicas=4)
+    dataset, validation = validation_data(ONE_DEVICE, plan, SampleSource())
+    recorded, images = validation.steps, validation.images
     sizes = [len(batch_images) for batch_images, _ in dataset]
     assert recorded == steps and sizes == [batch] * steps and images == batch * steps
     assert config.TPU_VALIDATION_STEPS == config.VALIDATION_IMAGES // 1024 == 9
@@ -78,21 +81,22 @@ def test_tpu_validation_is_exactly_the_recorded_full_batches(batch, steps):
 
 def test_cpu_validation_is_one_full_pass():
     args = cli.build_parser("cpu", "").parse_args([])
-    plan = plan_run("cpu", args, replicas=1)
-    dataset, recorded, images = validation_data(ONE_DEVICE, plan, "sample", None)
+    plan = plan_run("cpu", Settings.from_args(args), replicas=1)
+    dataset, validation = validation_data(ONE_DEVICE, plan, SampleSource())
+    recorded, images = validation.steps, validation.images
     assert recorded is None and images == 500
     assert sum(len(batch_images) for batch_images, _ in dataset) == 500
 
 
 def test_gpu_global_batch_grows_with_the_replicas():
     args = cli.build_parser("gpu", "").parse_args([])
-    assert plan_run("gpu", args, replicas=2).global_batch_size == 256
+    assert plan_run("gpu", Settings.from_args(args), replicas=2).global_batch_size == 256
 
 
 def test_tpu_batch_must_split_evenly():
     args = cli.build_parser("tpu", "").parse_args(["--batch-size", "1020"])
     with pytest.raises(UserError, match="does not split evenly"):
-        plan_run("tpu", args, replicas=8)
+        plan_run("tpu", Settings.from_args(args), replicas=8)
 
 
 def test_learning_rate_scaling():
@@ -138,7 +142,7 @@ def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
     # val_loss is the mean squared error over exactly the first 498 digits
     from pyimagesearch import data
 
-    digits = data.load_images(config.DATA_NAME, config.VALIDATION_FLAG, "sample")[:498]
+    digits = data.SampleSource().images(config.VALIDATION_FLAG)[:498]
     digits = digits.astype("float32") / 255.0
     model = keras.saving.load_model(tmp_path / "gpu_rehearsal.keras")
     expected = float(np.mean((model.predict(digits, verbose=0) - digits) ** 2))
@@ -147,7 +151,7 @@ def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
 
 def test_a_tpu_runs_a_whole_epoch_per_execution():
     args = cli.build_parser("tpu", "").parse_args([])
-    plan = plan_run("tpu", args, replicas=8)
+    plan = plan_run("tpu", Settings.from_args(args), replicas=8)
     assert plan.steps_per_execution == plan.steps_per_epoch == 58  # not 2 x 29
 
 
@@ -164,4 +168,4 @@ def test_config_edits_change_the_tpu_run(tmp_path, monkeypatch):
     assert (tmp_path / "figures" / "my_tpu_rehearsal.png").exists()
     # a flag still overrides the config
     args = cli.build_parser("tpu", "").parse_args(["--steps-per-epoch", "5"])
-    assert plan_run("tpu", args, replicas=4).steps_per_epoch == 5
+    assert plan_run("tpu", Settings.from_args(args), replicas=4).steps_per_epoch == 5

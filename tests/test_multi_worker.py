@@ -126,11 +126,12 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
-@pytest.mark.parametrize("devices, global_batch", [
-    (1, 256), pytest.param(2, 512, marks=pytest.mark.slow)])
-def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch):
-    run = launch(2, ONE_SGD_STEP + ["--rehearse", str(devices), "--output-dir",
-                                    str(tmp_path / "cluster")])
+@pytest.mark.parametrize("devices, global_batch, seed", [
+    (1, 256, "42"), (1, 256, "0"), pytest.param(2, 512, "42", marks=pytest.mark.slow)])
+def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch,
+                                                   seed):
+    run = launch(2, ONE_SGD_STEP + ["--seed", seed, "--rehearse", str(devices),
+                                    "--output-dir", str(tmp_path / "cluster")])
     status, err = run.finish()
     assert status == 0, "\n".join(run.lines[-20:]) + err
     assert not any(_alive(pid) for pid in run.pids.values())
@@ -143,7 +144,7 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
         "gpu_rehearsal.json", "gpu_rehearsal.keras", "gpu_rehearsal.png"]
     assert any("worker 1 done; the chief writes" in line for line in run.lines)
 
-    train_cpu.main(ONE_SGD_STEP + ["--batch-size", str(global_batch),
+    train_cpu.main(ONE_SGD_STEP + ["--seed", seed, "--batch-size", str(global_batch),
                                    "--output-dir", str(tmp_path / "one")])
     one = _weights(tmp_path / "one" / "cpu.keras")
     cluster = _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")

@@ -1,4 +1,4 @@
-"""quiet.py and strategy.py: captured native output, and clear failures without hardware.
+"""workarounds.py and strategy.py: captured native output, and clear failures without hardware.
 
 No accelerator is needed: TensorFlow's log lines are fed in as text, the TPU
 resolver and TPU calls are replaced by fakes that fail the way TensorFlow
@@ -13,14 +13,14 @@ import threading
 import pytest
 import tensorflow as tf
 
-from pyimagesearch import quiet, strategy
+from pyimagesearch import strategy, workarounds
 from pyimagesearch.errors import UserError
-from pyimagesearch.quiet import native_stderr_quiet
+from pyimagesearch.workarounds import native_stderr_quiet
 
 NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
           "on N logical CPU devices")
 
-# Loads quiet.py alone (no TensorFlow import, so the child starts fast), then
+# Loads workarounds.py alone (no TensorFlow import, so the child starts fast), then
 # runs the block named by argv[2].
 CHILD = """
 import importlib.util, os, sys
@@ -41,15 +41,15 @@ except ChildProcessError:
 
 def _run_child(block):
     """Run CHILD with `block` ("abort" or "normal"), capturing its real stderr."""
-    env = {k: v for k, v in os.environ.items() if k != quiet.VERBOSE_ENV}
-    return subprocess.run([sys.executable, "-c", CHILD, quiet.__file__, block],
+    env = {k: v for k, v in os.environ.items() if k != workarounds.VERBOSE_ENV}
+    return subprocess.run([sys.executable, "-c", CHILD, workarounds.__file__, block],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.fixture
 def capturing(monkeypatch):
     """Make sure the escape hatch is off, whatever the caller's environment."""
-    monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
+    monkeypatch.delenv(workarounds.VERBOSE_ENV, raising=False)
 
 
 def test_abort_inside_the_block_still_shows_its_last_words():
@@ -82,7 +82,7 @@ def test_an_error_replays_the_capture_unless_expected(capturing, capfd, error, r
 
 
 def test_verbose_env_captures_nothing(monkeypatch, capfd):
-    monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+    monkeypatch.setenv(workarounds.VERBOSE_ENV, "1")
     with native_stderr_quiet() as captured:
         os.write(2, b"native line\n")
     assert captured.text() == ""
@@ -234,6 +234,14 @@ def test_the_rehearsal_hook_exists_in_this_tensorflow():
     assert callable(getattr(_device_buffer_hook(), "_create_device_dataset", None))
 
 
+def test_the_per_worker_devices_hook_exists_in_this_tensorflow():
+    # if this fails, --rehearse K > 1 under TF_CONFIG is refused with one line
+    from tensorflow.python.distribute import collective_all_reduce_strategy as car
+
+    assert callable(getattr(car.CollectiveAllReduceExtended, "_initialize_local_devices",
+                            None))
+
+
 def test_every_strategy_gets_plain_device_buffers(monkeypatch):
     rehearsal = strategy.get_strategy("gpu", rehearse=2)
     ops = _device_buffer_hook()
@@ -257,8 +265,8 @@ def test_every_strategy_gets_plain_device_buffers(monkeypatch):
 
 def test_a_missing_rehearsal_hook_is_reported_once(monkeypatch, capsys):
     monkeypatch.delattr(_device_buffer_hook(), "_create_device_dataset")
-    monkeypatch.setattr(strategy, "_hook_missing_warned", False)
-    strategy.plain_device_buffers()
-    strategy.plain_device_buffers()
+    monkeypatch.setattr(workarounds, "_hook_missing_warned", False)
+    workarounds.plain_device_buffers()
+    workarounds.plain_device_buffers()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "rehearsal epochs may stall" in lines[0]

@@ -22,24 +22,17 @@ from pyimagesearch.errors import UserError
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    data.load_images.cache_clear()
-    yield
-    data.load_images.cache_clear()  # let go of the images of a deleted folder
-
-
 @pytest.fixture(scope="module")
 def sample():
     """The sample's splits with their labels: {split: (uint8 images, labels)}."""
-    return {split: data.load_examples(config.DATA_NAME, split, "sample")
+    return {split: data.SampleSource().examples(split)
             for split in (TRAIN, VAL)}
 
 
 @pytest.fixture(scope="module")
 def small():
     """300 training and 40 validation digits of the sample, all different."""
-    images, labels = data.load_examples(config.DATA_NAME, TRAIN, "sample")
+    images, labels = data.SampleSource().examples(TRAIN)
     return {TRAIN: (images[:300], labels[:300]), VAL: (images[300:340], labels[300:340])}
 
 
@@ -78,7 +71,7 @@ def test_round_trip_is_bit_for_bit(tmp_path, sample, compression):
         read_images, read_labels = tfrecords.read_split(str(tmp_path), split)
         np.testing.assert_array_equal(read_images, images)
         np.testing.assert_array_equal(read_labels, labels)
-        assert data.split_size(config.DATA_NAME, split, "tfrecord", str(tmp_path)) == len(images)
+        assert source.size(split) == len(images)
     # the validation pipeline reads the split in its order, as floats in [0, 1]
     validation = data.get_data(config.DATA_NAME, VAL, batchSize=128, source=source.name,
                                data_dir=str(tmp_path))
@@ -322,6 +315,22 @@ def test_a_tiny_training_run_reads_tfrecords(tmp_path, sample):
     assert record["train_images"] == 4500  # from the metadata
     assert record["validation_images"] == record["validation_split_images"] == 500
     assert np.isfinite(record["val_loss"][0])
+
+
+def test_a_training_run_reads_the_metadata_once(tmp_path, sample, monkeypatch):
+    write(tmp_path / "records", sample, shards=2)
+    reads = []
+    read_metadata = tfrecords.read_metadata
+
+    def counted(folder):
+        reads.append(folder)
+        return read_metadata(folder)
+
+    monkeypatch.setattr(tfrecords, "read_metadata", counted)
+    train_cpu.main(["--data-source", "tfrecord", "--data-dir", str(tmp_path / "records"),
+                    "--epochs", "1", "--steps-per-epoch", "1", "--batch-size", "32",
+                    "--output-dir", str(tmp_path / "out")])
+    assert reads == [str(tmp_path / "records")]  # on gs://, each read is a round trip
 
 
 def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, capsys):

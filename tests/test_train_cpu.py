@@ -41,10 +41,10 @@ def test_tiny_run_writes_figure_record_and_loadable_model(tmp_path):
 
 
 def test_default_epoch_keeps_the_article_length():
-    from pyimagesearch.train import plan_run
+    from pyimagesearch.plan import Settings, plan_run
 
     args = train_cpu.cli.build_parser("cpu", "").parse_args([])
-    plan = plan_run("cpu", args, replicas=1)
+    plan = plan_run("cpu", Settings.from_args(args), replicas=1)
     assert (plan.global_batch_size, plan.steps_per_epoch) == (128, 468)
 
 
@@ -123,7 +123,7 @@ def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
 
 @pytest.mark.parametrize("steps, expected", [(468, 13), (58, 2), (1, 1), (64, 16), (7, 7)])
 def test_steps_per_execution_divides_the_epoch(steps, expected):
-    from pyimagesearch.train import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     assert steps_per_execution(steps, limit=16) == expected
 

@@ -1,0 +1,73 @@
+"""Every seed the --seed flag accepts trains, in both loops and on several replicas.
+
+TensorFlow truncates seeds modulo 2**31 - 1, so 0 and 2**31 - 1 (and
+2 * (2**31 - 1)) are the seeds that once crashed the seeded input pipeline;
+2**32 - 1 is the largest the flag accepts.
+"""
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+import train_gpu
+from pyimagesearch import cli
+
+ONE_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--batch-size", "32",
+            "--data-source", "sample"]
+EDGE_SEEDS = [0, 1, 2**31 - 1, 2 * (2**31 - 1), cli.MAX_SEED]
+
+
+def _record(folder, name):
+    return json.loads((folder / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("seed, loop", [(seed, "fit") for seed in EDGE_SEEDS]
+                         + [(seed, "custom") for seed in (0, 1, 2**31 - 1)])
+def test_every_edge_seed_trains_a_step(tmp_path, seed, loop):
+    train_cpu.main(ONE_STEP + ["--seed", str(seed), "--loop", loop,
+                               "--output-dir", str(tmp_path)])
+    record = _record(tmp_path, "cpu")
+    assert record["seed"] == seed and record["loop"] == loop
+    assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**31 - 1])
+def test_edge_seeds_train_on_a_two_device_rehearsal(tmp_path, seed):
+    train_gpu.main(ONE_STEP + ["--seed", str(seed), "--rehearse", "2",
+                               "--output-dir", str(tmp_path)])
+    record = _record(tmp_path, "gpu_rehearsal")
+    assert record["seed"] == seed and record["replicas"] == 2
+    assert np.isfinite(record["loss"]).all()
+
+
+def _weights(path):
+    return [w.numpy() for w in keras.saving.load_model(path).weights]
+
+
+def test_seed_zero_rehearsal_step_equals_the_cpu_step(tmp_path):
+    sgd = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
+           "--learning-rate", "0.5", "--data-source", "sample", "--seed", "0"]
+    train_cpu.main(sgd + ["--batch-size", "256", "--output-dir", str(tmp_path)])
+    train_gpu.main(sgd + ["--batch-size", "128", "--rehearse", "2",
+                          "--output-dir", str(tmp_path)])
+    cpu, gpu = _weights(tmp_path / "cpu.keras"), _weights(tmp_path / "gpu_rehearsal.keras")
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_seeds_zero_and_one_draw_different_batches(tmp_path):
+    for seed in (0, 1):
+        train_cpu.main(ONE_STEP + ["--seed", str(seed), "--output-dir",
+                                   str(tmp_path / str(seed))])
+    losses = [_record(tmp_path / str(seed), "cpu")["loss"][0] for seed in (0, 1)]
+    assert losses[0] != losses[1]
+
+
+@pytest.mark.parametrize("seed, complaint", [
+    ("-1", "must be at least 0"), (str(cli.MAX_SEED + 1), "must be at most 4294967295")])
+def test_seeds_outside_the_range_are_refused(seed, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser("cpu", "").parse_args(["--seed", seed])
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err
