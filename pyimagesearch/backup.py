@@ -3,7 +3,8 @@
 The backup folder (local or gs://...) holds:
 
     checkpoints/   a tf.train.CheckpointManager of the model, its optimizer
-                   (its step count too) and the epoch being trained
+                   and the global steps trained, saved at every epoch end,
+                   every --backup-every steps and when SIGTERM comes
     history.json   the losses of the epochs done, for the run record
     run.json       what run the backup belongs to, so another run's is refused
 
@@ -13,19 +14,23 @@ no checkpoint object that TensorFlow's multi-worker and TPU tooling can
 share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
+import math
+import os
 import shutil
 import tempfile
 
 import keras
 import tensorflow as tf
 
+from pyimagesearch import preemption
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import Preempted, UserError, first_line
 from pyimagesearch.files import join, read_json, write_json
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
 CHECKPOINTS = "checkpoints"
+KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held until 2026-12
 
 
 def identity(plan, source):
@@ -35,7 +40,9 @@ def identity(plan, source):
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
             "precision": settings.precision, "optimizer": settings.optimizer,
-            "learning_rate": plan.learning_rate, "data_source": source.label}
+            "learning_rate": plan.learning_rate, "data_source": source.label,
+            "data_dir": getattr(source, "folder", None) or getattr(source, "data_dir", None),
+            "seed": settings.seed, "jit_compile": settings.jit_compile}
 
 
 class Backup(keras.callbacks.Callback):
@@ -55,32 +62,33 @@ class Backup(keras.callbacks.Callback):
         self.is_chief = plan.is_chief
         self.run = identity(plan, source)
         self.history = {"loss": [], "val_loss": []}
-        self.initial_epoch = 0
+        self.start_step = 0  # global steps trained before this run
 
     def resume(self, strategy):
-        """Check the folder belongs to this run; return the epochs already done.
+        """Check the folder belongs to this run; return the global steps already trained.
 
         Only the chief checks and writes run.json: another worker could look
         while the chief is still writing it. Under several workers a
         collective then makes sure that every worker found the same backup.
         """
-        self.initial_epoch = done = self._checkpoint_epoch()
+        self.start_step = step = self._checkpoint_step()
         if self.is_chief:
             self._check_run()
             tf.io.gfile.makedirs(self.folder)
             write_json(join(self.folder, RUN), self.run)
+        epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
-        self.history = {key: list(history[key][:done]) for key in self.history}
-        if done > self.epochs:
-            raise UserError(f"the backup in {self.folder} has {done} epochs done, more "
+        self.history = {key: list(history[key][:epochs_done]) for key in self.history}
+        if step > self.epochs * self.steps_per_epoch:
+            raise UserError(f"the backup in {self.folder} has {epochs_done} epochs done, more "
                             f"than --epochs {self.epochs}; raise --epochs, or delete the "
                             "backup to start fresh")
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            self._check_workers_agree(strategy, done)
-        if done:
-            print(f"[INFO] resuming from {self.folder}: {done} of {self.epochs} "
-                  "epochs done")
-        return done
+            self._check_workers_agree(strategy, step)
+        if step:
+            print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "
+                  f"epochs and {step:,} steps done")
+        return step
 
     def _read(self, name):
         """A JSON file of the backup, None if absent; a broken one says what to do."""
@@ -101,9 +109,13 @@ class Backup(keras.callbacks.Callback):
             raise UserError(f"--backup-dir {self.folder} is the backup of another run "
                             f"({differs}); delete it, or give a new --backup-dir, to "
                             "start fresh")
+        if tf.io.gfile.exists(join(self.folder, KERAS_BACKUP)):
+            raise UserError(f"--backup-dir {self.folder} was written by an earlier version "
+                            "of this repo (Keras' BackupAndRestore), which cannot be "
+                            "resumed here; delete it to start fresh")
 
     def _check_workers_agree(self, strategy, done):
-        """Stop every worker unless all found the same number of epochs done.
+        """Stop every worker unless all found the same number of steps done.
 
         All are equal exactly when n x (sum of squares) == (sum)^2; every
         worker gets the same answer, so all stop or none.
@@ -113,54 +125,87 @@ class Backup(keras.callbacks.Callback):
                                                 axis=None).numpy()
         if count * squares != total * total:
             raise UserError(f"the workers found different backups in {self.folder} "
-                            f"(this one: {done} epochs done): every worker must see the "
+                            f"(this one: {done:,} steps done): every worker must see the "
                             "chief's folder; use a bucket (gs://...) or a shared disk")
 
-    def _checkpoint_epoch(self):
-        """The epoch the checkpoint resumes at (0 without one)."""
-        latest = tf.train.latest_checkpoint(join(self.folder, CHECKPOINTS))
-        if latest is None:
-            return 0
-        return int(tf.train.load_variable(latest, "epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+    def _checkpoint_step(self):
+        """The global steps the checkpoint has trained (0 without one)."""
+        try:
+            latest = tf.train.latest_checkpoint(join(self.folder, CHECKPOINTS))
+            if latest is None:
+                return 0
+            return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+        except (ValueError, tf.errors.OpError) as error:
+            raise self._broken(error) from error
+
+    def _broken(self, error):
+        """The one-line error for a checkpoint that cannot be read."""
+        return UserError(f"cannot read the checkpoint in {join(self.folder, CHECKPOINTS)} "
+                         f"({first_line(error)}); delete the backup folder to start fresh")
 
     def on_train_begin(self, logs=None):
         """Load the latest checkpoint, if any, into the model and its optimizer."""
-        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
-                                         epoch=self._epoch)
+                                         step=self._step)
         target = join(self.folder, CHECKPOINTS)
         self._scratch = None if self.is_chief else tempfile.mkdtemp(
-            prefix="pyimagesearch-ckpt-")
+            prefix=f"pyimagesearch-ckpt-{os.getpid()}-")
         self.manager = tf.train.CheckpointManager(checkpoint, self._scratch or target,
                                                   max_to_keep=1)
         latest = tf.train.latest_checkpoint(target)
         if latest is not None:
-            checkpoint.restore(latest).expect_partial()
+            try:
+                checkpoint.restore(latest).expect_partial()
+            except (ValueError, tf.errors.OpError) as error:
+                raise self._broken(error) from error
+        self._trained = self.start_step  # global steps trained, saved with the weights
+        self._since = 0
+        preemption.saving(True)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch.assign(epoch)  # a mid-epoch save resumes this epoch
-        self._done, self._since = 0, 0
+        self._done = 0  # steps of this call to fit (or this epoch) so far
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the last step the call ran, counted from 0 in the epoch
-        # (fit and the custom loop call once per execution of several steps)
-        self._since += batch + 1 - self._done
-        self._done = batch + 1
+        # `batch` is the last step the call into the compiled step ran,
+        # counted from 0 in the epoch (fit and the custom loop call once per
+        # execution of several steps)
+        ran, self._done = batch + 1 - self._done, batch + 1
+        self._trained += ran
+        self._since += ran
+        if self._done == self.params["steps"]:
+            return  # the epoch's last step: on_epoch_end saves, after validation
+        if preemption.requested():
+            self._stop_preempted()
         if self.every and self._since >= self.every:
-            self._since = 0
-            self.manager.save()
+            self._save()
 
     def on_epoch_end(self, epoch, logs=None):
+        if not all(math.isfinite(logs[key]) for key in self.history):
+            return  # a diverged run stops; its last good backup stays
         # the history first: a crash between the two leaves one epoch too
         # many in it, which `resume` trims, never one too few
         for key in self.history:
             self.history[key].append(float(logs[key]))
         if self.is_chief:
             write_json(join(self.folder, HISTORY), self.history)
-        self._epoch.assign(epoch + 1)
+        self._save()
+        if preemption.requested():
+            self._stop_preempted()
+
+    def _stop_preempted(self):
+        """SIGTERM came: save this step and stop the run (exit status 143)."""
+        self._save()
+        raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
+                        f"in {self.folder} holds them: run the same command to resume")
+
+    def _save(self):
+        self._step.assign(self._trained)
         self.manager.save()
+        self._since = 0
 
     def on_train_end(self, logs=None):
+        preemption.saving(False)
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
 

@@ -6,6 +6,7 @@ begin, and a batch begin and end per execution of several steps, with the
 step indices `fit` passes. One implementation each:
 
 - `EpochTimer`: wall time of each epoch and of its training part.
+- Keras' `TerminateOnNaN`: a diverged run stops at the step it diverged.
 - `backup.Backup` (--backup-dir): resume after a crash.
 - Keras' `TensorBoard` (--logdir): losses and learning rate per epoch.
 - `EpochSummaries` (--logdir): what Keras' TensorBoard does not write:
@@ -22,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from pyimagesearch import preemption
 from pyimagesearch.backup import Backup
 from pyimagesearch.files import join
 
@@ -95,8 +97,11 @@ class ProfileSteps(keras.callbacks.Callback):
         self.steps_per_execution = steps_per_execution
         self._running = False
 
+    def on_train_begin(self, logs=None):
+        self._done = 0  # steps this process has trained, as Keras' TensorBoard counts
+
     def on_epoch_begin(self, epoch, logs=None):
-        self._before = epoch * self.params["steps"]  # steps of the epochs before
+        self._before = self._done  # steps of the epochs before
 
     def on_train_batch_begin(self, batch, logs=None):
         done = self._before + batch  # steps finished before this execution
@@ -106,7 +111,8 @@ class ProfileSteps(keras.callbacks.Callback):
             self._running = True
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._running and self._before + batch + 1 >= self.last:
+        self._done = self._before + batch + 1
+        if self._running and self._done >= self.last:
             self._stop()
 
     def on_train_end(self, logs=None):
@@ -125,10 +131,12 @@ class RunCallbacks:
     callbacks: list
     timer: EpochTimer
     backup: Backup | None  # None without --backup-dir
+    start: int = 0         # global steps trained before this run (a resumed backup's)
 
     def resume(self, strategy):
-        """The epochs a backup has done already (0 without one)."""
-        return self.backup.resume(strategy) if self.backup else 0
+        """The global steps a backup has trained already (0 without one)."""
+        self.start = self.backup.resume(strategy) if self.backup else 0
+        return self.start
 
     def history(self, trained):
         """The losses of every epoch: the backup's also holds those before a resume."""
@@ -147,8 +155,10 @@ def make_callbacks(plan, source, digits):
     a temporary folder.
     """
     settings = plan.settings
+    preemption.watch()  # again: a multi-worker runtime may have taken SIGTERM over
     timer = EpochTimer()
-    callbacks = [timer]
+    # a loss that is not a number stops training; train.train_model then stops the run
+    callbacks = [timer, keras.callbacks.TerminateOnNaN()]
     backup = Backup(plan, source) if settings.backup_dir else None
     if backup:
         callbacks.append(backup)

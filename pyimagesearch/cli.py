@@ -11,11 +11,11 @@ import sys
 
 from pyimagesearch import config
 from pyimagesearch.data import SOURCES
-from pyimagesearch.errors import PeerLost, UserError, first_line
+from pyimagesearch.errors import PeerLost, Preempted, UserError, first_line
 from pyimagesearch.plan import Settings, figure_path
 from pyimagesearch.precision import PRECISIONS
 
-EXIT_USER_ERROR = 2
+EXIT_USER_ERROR = UserError.exit_status
 OPTIMIZERS = ("adam", "sgd")
 LOOPS = ("fit", "custom")
 LR_SCALINGS = ("none", "sqrt", "linear")
@@ -207,17 +207,25 @@ def check_output_dir(path):
 
 
 def run_main(main, argv=None):
-    """Call main(argv); a UserError becomes one stderr line and exit status 2."""
+    """Call main(argv); a UserError becomes one stderr line and its exit status.
+
+    Bad input exits 2; a lost peer 138 and a preemption 143, which schedulers
+    restart (see errors.py); Ctrl-C 130.
+    """
+    from pyimagesearch import preemption
+
+    preemption.watch()
     try:
         main(argv)
     except UserError as error:
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
-        if isinstance(error, PeerLost):
+        if isinstance(error, (PeerLost, Preempted)):
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(EXIT_USER_ERROR)  # an orderly exit would wait on the dead peer
-        sys.exit(EXIT_USER_ERROR)
+            # an orderly exit would wait on peers that are gone or going
+            os._exit(error.exit_status)
+        sys.exit(error.exit_status)
     except KeyboardInterrupt:
         print("interrupted; earlier outputs are untouched", file=sys.stderr)
         sys.exit(130)

@@ -104,7 +104,8 @@ def peer_loss_reported(cluster):
     collectives abort within seconds (UnavailableError); a host that stops
     answering without closing its connections is noticed by the coordination
     service's heartbeats, which abort the collectives the same way (a worker
-    frozen with SIGSTOP here: 8 s).
+    frozen with SIGSTOP here: 8 s). Errors of those types that name no peer
+    or collective (a bucket's, say) travel on as they are.
     """
     if cluster is None:
         yield
@@ -116,9 +117,16 @@ def peer_loss_reported(cluster):
     try:
         yield
     except lost as error:
+        if not _PEER.search(str(getattr(error, "message", error))):
+            raise  # not a collective's: a bucket that did not answer, say
         raise PeerLost(f"{cluster.task_type} {cluster.task_index} lost a peer of its "
                        f"{cluster.workers}-worker cluster and stopped "
                        f"({type(error).__name__}: {_cause(error)})") from error
+
+
+# what the errors of collectives and of the coordination service name: the
+# peer's task, the collective, or the service's heartbeats
+_PEER = re.compile(r"/job:|collective|coordination|heartbeat|peer", re.IGNORECASE)
 
 
 def _cause(error):

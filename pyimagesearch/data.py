@@ -54,7 +54,8 @@ class Reading:
     `batch_size` is the global batch. `shuffle_size` None keeps the split's
     order (validation). `images` cuts every pass to that many images (a
     validation split keeps a multiple of the replicas, see `usable_images`);
-    `batches` cuts the whole pipeline to that many batches.
+    `batches` cuts the whole pipeline to that many batches. `skip` leaves out
+    the first global batches, which a resumed run has trained on already.
     """
 
     batch_size: int
@@ -64,6 +65,7 @@ class Reading:
     drop_remainder: bool = False
     images: int | None = None
     batches: int | None = None
+    skip: int = 0
 
 
 class Source:
@@ -410,6 +412,8 @@ def make_pipeline(images, reading, input_context=None):
             dataset = dataset.repeat()
     # batch first, then convert: one vectorised op per batch, not per image
     dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
+    if reading.skip:
+        dataset = dataset.skip(reading.skip)  # before any slicing: whole global batches
     if reading.batches is not None:
         dataset = dataset.take(reading.batches)
     return _finish(dataset, input_context)
@@ -462,6 +466,8 @@ def tfrecord_pipeline(source, split, reading, input_context=None):
     if reading.images is not None:
         keep = min(keep, reading.images)
     dataset = tfrecords.record_batches(folder, metadata, split, reading, keep, shard)
+    if reading.skip:
+        dataset = dataset.skip(reading.skip)  # this pipeline's share of each global batch
     # the batch count, which reading shards hides: Keras needs it to stop at
     # the end of the data, not in the middle of an execution of several steps
     count = None

@@ -1,20 +1,37 @@
-"""The one exception type that the command-line scripts turn into a one-line message."""
+"""The exceptions that the command-line scripts turn into one line and an exit status.
+
+The statuses follow the convention schedulers read (Kubeflow's
+`restartPolicy: ExitCode`): 1, 2, 126-128 and 139 mean "do not restart",
+130, 137, 138 and 143 mean "restart" (138 is its "the user asks for a retry").
+"""
 
 
 class UserError(Exception):
     """A problem the user can fix (a flag, a path, missing data or hardware).
 
     The scripts print its message as a single line on stderr and exit with
-    status 2; anything else is a bug and keeps its traceback.
+    status 2, which a scheduler does not retry; anything else is a bug and
+    keeps its traceback.
     """
+
+    exit_status = 2
 
 
 class PeerLost(UserError):
     """Another process of a multi-worker cluster died or stopped answering.
 
     The scripts print it as one line and leave at once (os._exit), since
-    TensorFlow's orderly shutdown would wait on the dead peer.
+    TensorFlow's orderly shutdown would wait on the dead peer. Status 138: a
+    restart of the cluster resumes from its backup.
     """
+
+    exit_status = 138
+
+
+class Preempted(UserError):
+    """SIGTERM, the way a machine is taken away: status 143, 128 + SIGTERM, retried."""
+
+    exit_status = 143
 
 
 def first_line(error):

@@ -31,7 +31,7 @@ def execution_sizes(steps_per_epoch, steps_per_execution):
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                global_batch_size, steps_per_execution=1, callbacks=(), initial_epoch=0,
-               jit_compile=False, verbose=True):
+               initial_step=0, jit_compile=False, verbose=True):
     """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
 
     `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
@@ -41,7 +41,9 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     hooks `fit` would call: train begin and end, epoch begin and end (with
     the logs), test begin, and a batch begin and end per execution, given
     its first and last step as `fit` gives them. Epochs start at
-    `initial_epoch` (a resumed run), as in `fit`. `jit_compile` compiles each replica's step with XLA.
+    `initial_epoch` (a resumed run), as in `fit`, and the first of them
+    after its `initial_step` steps (a run resumed mid-epoch; its step
+    indices then count from there). `jit_compile` compiles each replica's step with XLA.
     Under mixed_float16 the optimizer is a LossScaleOptimizer: the loss is
     scaled up before the gradients are taken, and `apply_gradients` scales
     them back down (and skips a step whose gradients overflowed).
@@ -90,6 +92,7 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     callbacks = keras.callbacks.CallbackList(list(callbacks), model=model, epochs=epochs,
                                              steps=steps_per_epoch, verbose=0)
     history = {"loss": [], "val_loss": []}
+    model.stop_training = False
     callbacks.on_train_begin()
     try:
         for epoch in range(initial_epoch, epochs):
@@ -98,13 +101,17 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                 print(f"Epoch {epoch + 1}/{epochs}", flush=True)
             start = time.perf_counter()
             total, step = 0.0, 0
-            for count in execution_sizes(steps_per_epoch, steps_per_execution):
+            steps = steps_per_epoch - (initial_step if epoch == initial_epoch else 0)
+            for count in execution_sizes(steps, steps_per_execution):
                 # the step indices fit passes: first and last step of the call
                 callbacks.on_train_batch_begin(step)
-                total += float(train_steps(train_iterator, tf.constant(count)))
+                part = float(train_steps(train_iterator, tf.constant(count)))
+                total += part
                 step += count
-                callbacks.on_train_batch_end(step - 1)
-            history["loss"].append(total / steps_per_epoch)
+                callbacks.on_train_batch_end(step - 1, {"loss": part / count})
+                if model.stop_training:  # keras.callbacks.TerminateOnNaN, say
+                    break
+            history["loss"].append(total / steps)
 
             callbacks.on_test_begin()
             error_sum, count = 0.0, 0.0
@@ -116,9 +123,11 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
                                            "val_loss": history["val_loss"][-1]})
             if verbose:
-                print(f"{steps_per_epoch}/{steps_per_epoch} - "
+                print(f"{steps}/{steps} - "
                       f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
                       f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
+            if model.stop_training:
+                break
     finally:
         callbacks.on_train_end()  # even on an error: temporary folders, writers
     return history

@@ -116,7 +116,7 @@ def _write(folder, name, record, model, testIm, predIm):
         model.save(staged.path(f"{name}.keras"))
 
 
-def run_record(plan, strategy, source, validation, *, history, timer, resumed_from_epoch,
+def run_record(plan, strategy, source, validation, *, history, timer, resumed_from_step,
                started):
     """The run record: what ran, on what, with which data, and how it went."""
     settings = plan.settings
@@ -135,7 +135,8 @@ def run_record(plan, strategy, source, validation, *, history, timer, resumed_fr
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
         "epochs": settings.epochs,
-        "resumed_from_epoch": resumed_from_epoch,
+        "resumed_from_epoch": resumed_from_step // plan.steps_per_epoch,
+        "resumed_from_step": resumed_from_step,  # global steps trained before this run
         "loop": plan.loop,
         "precision": settings.precision,
         "jit_compile": settings.jit_compile,

@@ -25,7 +25,8 @@ def seeded_passes(one_pass, seed, repeat):
     graph_seed = seed if seed % (2**31 - 1) else 2**31
 
     def seeded(k):
-        tf.compat.v1.set_random_seed(graph_seed)  # this pass's graph only
+        if not tf.executing_eagerly():  # tf.data's debug mode runs this eagerly
+            tf.compat.v1.get_default_graph().seed = graph_seed  # this pass's graph only
         return one_pass(k)
 
     passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)

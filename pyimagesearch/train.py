@@ -8,6 +8,7 @@ outputs only when all are written.
 """
 import dataclasses
 import datetime
+import math
 import sys
 
 import keras
@@ -45,11 +46,15 @@ def run(settings, strategy, device, rehearsal=False, cluster=None):
     source = resolve_source(settings.data_source, config.DATA_NAME,
                             resolve_data_dir(settings.data_dir))
     print(f"[INFO] data source: {source.label} ({source.reason})")
-    print("[INFO] loading the training and validation datasets...")
-    trainDs = training_data(strategy, plan, source)
-    valDs, validation = validation_data(strategy, plan, source)
     # the same digits on every device, in compare.py
     testIm = figure_digits(source.images(config.VALIDATION_FLAG))
+    # timing, backup (--backup-dir), TensorBoard (--logdir), profiler; a
+    # backup says how many steps are trained already, so the data skips them
+    callbacks = make_callbacks(plan, source, testIm)
+    start = callbacks.resume(strategy)
+    print("[INFO] loading the training and validation datasets...")
+    trainDs = training_data(strategy, plan, source, skip=start)
+    valDs, validation = validation_data(strategy, plan, source)
 
     with strategy.scope():
         # model, loss and optimizer must be created inside the scope so that
@@ -67,13 +72,8 @@ def run(settings, strategy, device, rehearsal=False, cluster=None):
                       jit_compile=settings.jit_compile)
         model.build((None, *IMAGE_SHAPE))  # a backup is restored into it
         optimizer.build(model.trainable_variables)  # ...and into the optimizer's state
-
-        # timing, backup (--backup-dir), TensorBoard (--logdir), profiler
-        callbacks = make_callbacks(plan, source, testIm)
-        initial_epoch = callbacks.resume(strategy)
         print(f"[INFO] training the autoencoder ({plan.loop} loop)...")
-        history = train_model(model, strategy, plan, trainDs, valDs, callbacks.callbacks,
-                              initial_epoch)
+        history = train_model(model, strategy, plan, source, trainDs, valDs, callbacks)
 
     # a plain call on this process's copy of the model: no collective needed
     print("[INFO] evaluating the model...")
@@ -81,7 +81,7 @@ def run(settings, strategy, device, rehearsal=False, cluster=None):
 
     record = run_record(plan, strategy, source, validation, started=started,
                         history=callbacks.history(history), timer=callbacks.timer,
-                        resumed_from_epoch=initial_epoch)
+                        resumed_from_step=start)
     save_outputs(plan, record, model, testIm, predIm)
     callbacks.finish()
     return record
@@ -100,10 +100,18 @@ def distributed_input(strategy, build):
     return build(None)
 
 
-def training_data(strategy, plan, source):
-    """The repeated, shuffled training batches."""
+def training_data(strategy, plan, source, skip=0):
+    """The repeated, shuffled training batches, after the first `skip` of them.
+
+    The stream is seeded and the same on every worker, so a run resumed
+    after `skip` steps sees exactly the batches an uninterrupted run would.
+    """
+    if plan.global_batch_size > source.size(config.TRAIN_FLAG):
+        raise UserError(f"a global batch of {plan.global_batch_size:,} images is more "
+                        f"than the {source.size(config.TRAIN_FLAG):,} training images "
+                        f"of {source.label}; lower --batch-size")
     reading = Reading(plan.global_batch_size, config.SHUFFLE_SIZE, seed=plan.settings.seed,
-                      repeat=True, drop_remainder=True)
+                      repeat=True, drop_remainder=True, skip=skip)
     return distributed_input(strategy, lambda context: source.dataset(
         config.TRAIN_FLAG, reading, context))
 
@@ -161,19 +169,48 @@ def make_optimizer(name, learning_rate):
     raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-def train_model(model, strategy, plan, trainDs, valDs, callbacks, initial_epoch):
-    """model.fit, or the custom loop that does the same explicitly; the history."""
+def train_model(model, strategy, plan, source, trainDs, valDs, callbacks):
+    """model.fit, or the custom loop that does the same explicitly; the history.
+
+    A run resumed in the middle of an epoch first trains the rest of that
+    epoch. `fit` cannot start mid-epoch, so it trains that part in a call of
+    its own, then goes on from the next epoch with the batches after it.
+    A loss that is not finite stops the run before anything is written.
+    """
+    settings = plan.settings
+    epoch, step = divmod(callbacks.start, plan.steps_per_epoch)
     if plan.loop == "custom":
-        return fit_custom(model, strategy, trainDs, valDs, plan.settings.epochs,
-                          plan.steps_per_epoch, plan.global_batch_size,
-                          steps_per_execution=plan.steps_per_execution,
-                          callbacks=callbacks, initial_epoch=initial_epoch,
-                          jit_compile=plan.settings.jit_compile)
-    # one line per epoch where the output is not a terminal (a log file)
-    return model.fit(trainDs, epochs=plan.settings.epochs,
-                     steps_per_epoch=plan.steps_per_epoch, validation_data=valDs,
-                     callbacks=callbacks, initial_epoch=initial_epoch, shuffle=False,
-                     verbose=1 if sys.stdout.isatty() else 2).history
+        history = fit_custom(model, strategy, trainDs, valDs, settings.epochs,
+                             plan.steps_per_epoch, plan.global_batch_size,
+                             steps_per_execution=plan.steps_per_execution,
+                             callbacks=callbacks.callbacks, initial_epoch=epoch,
+                             initial_step=step, jit_compile=settings.jit_compile)
+    else:
+        # one line per epoch where the output is not a terminal (a log file)
+        verbose = 1 if sys.stdout.isatty() else 2
+        history = {"loss": [], "val_loss": []}
+        if step:
+            print(f"[INFO] finishing epoch {epoch + 1}: {plan.steps_per_epoch - step} of its "
+                  f"{plan.steps_per_epoch} steps are left")
+            rest = model.fit(trainDs, epochs=epoch + 1, initial_epoch=epoch,
+                             steps_per_epoch=plan.steps_per_epoch - step,
+                             validation_data=valDs, callbacks=callbacks.callbacks,
+                             shuffle=False, verbose=verbose).history
+            history = {key: rest[key] for key in history}
+            epoch += 1
+            trainDs = training_data(strategy, plan, source, skip=epoch * plan.steps_per_epoch)
+        if epoch < settings.epochs and not model.stop_training:
+            more = model.fit(trainDs, epochs=settings.epochs, initial_epoch=epoch,
+                             steps_per_epoch=plan.steps_per_epoch, validation_data=valDs,
+                             callbacks=callbacks.callbacks, shuffle=False,
+                             verbose=verbose).history
+            history = {key: history[key] + more[key] for key in history}
+    losses = history["loss"] + history["val_loss"]
+    if not all(math.isfinite(loss) for loss in losses):
+        raise UserError(f"training diverged (loss {history['loss'][-1]}, val_loss "
+                        f"{history['val_loss'][-1]}); lower --learning-rate. Nothing "
+                        "was written: earlier outputs are untouched")
+    return history
 
 
 def check_levers(plan, strategy):

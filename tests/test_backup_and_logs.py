@@ -61,7 +61,8 @@ def test_a_backup_of_another_run_is_refused(tmp_path):
     (backup / "run.json").write_text(json.dumps({
         "run": "cpu", "model": "AutoEncoder", "global_batch_size": 64, "replicas": 1,
         "steps_per_epoch": 2, "loop": "fit", "optimizer": "adam", "data_source": "sample",
-        "precision": "float32", "learning_rate": 0.001}))
+        "precision": "float32", "learning_rate": 0.001, "data_dir": None, "seed": 42,
+        "jit_compile": False}))
     (backup / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
     args = ["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
             "--data-source", "sample", "--backup-dir", str(backup),

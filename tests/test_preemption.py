@@ -1,0 +1,118 @@
+"""Preemption and exact resume: real SIGTERM and SIGKILL to real training processes.
+
+A 4-epoch run of 60 steps an epoch (4 executions of 15) is stopped in its
+second or third epoch and run again with the same command; it must end
+with the very weights an uninterrupted run ends with.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+from pyimagesearch.errors import Preempted
+
+SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
+         "--epochs", "4"]
+
+
+def _weights(path):
+    return [w.numpy() for w in keras.saving.load_model(path).weights]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """{loop: weights} of the 4-epoch run that nothing stopped."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    weights = {}
+    for loop in ("fit", "custom"):
+        train_cpu.main(SHORT + ["--loop", loop, "--output-dir", str(folder / loop)])
+        weights[loop] = _weights(folder / loop / "cpu.keras")
+    return weights
+
+
+def _stopped_at(repo, args, line, sig):
+    """Start train_cpu.py with `args`, send `sig` once it prints `line`; its status and output."""
+    process = subprocess.Popen([sys.executable, "train_cpu.py", *args], cwd=repo,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    lines = []
+    try:
+        for text in process.stdout:
+            lines.append(text)
+            if text.startswith(line):
+                os.kill(process.pid, sig)
+                break
+        lines.extend(process.stdout)  # what it says on its way out
+        process.wait(timeout=30)  # a preempted machine has about 30 s of grace
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode, "".join(lines)
+
+
+def _assert_same_weights(resumed, uninterrupted):
+    for a, b in zip(resumed, uninterrupted):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_does(
+        repo, tmp_path, uninterrupted, loop):
+    args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
+                    "--output-dir", str(tmp_path / "out")]
+    status, output = _stopped_at(repo, args, "Epoch 2/4", signal.SIGTERM)
+    assert status == Preempted.exit_status == 143, output
+    errors = [line for line in output.splitlines() if "error" in line]
+    assert len(errors) == 1 and "stopped by SIGTERM after" in errors[0], output
+    assert "Traceback" not in output
+    assert not list((tmp_path / "out").iterdir())  # nothing written but the backup
+
+    again = subprocess.run([sys.executable, "train_cpu.py", *args], cwd=repo,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    saved = int(re.search(r"after (\d+) steps", errors[0]).group(1))
+    assert record["resumed_from_step"] == saved and saved > 60  # past epoch 1's end
+    assert record["resumed_from_epoch"] == saved // 60
+    assert len(record["loss"]) == len(record["val_loss"]) == 4
+    _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
+        repo, tmp_path, uninterrupted, loop):
+    args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
+                    "--output-dir", str(tmp_path / "out")]
+    status, output = _stopped_at(repo, args, "Epoch 3/4", signal.SIGKILL)
+    assert status == -signal.SIGKILL, output
+    again = subprocess.run([sys.executable, "train_cpu.py", *args], cwd=repo,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    assert (record["resumed_from_epoch"], record["resumed_from_step"]) == (2, 120)
+    _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
+
+
+def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
+        repo, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+        (out / name).write_text(f"earlier {name}")
+    status, output = _stopped_at(repo, SHORT + ["--output-dir", str(out)], "Epoch 2/4",
+                                 signal.SIGTERM)
+    assert status == 143, output
+    errors = [line for line in output.splitlines() if "error" in line]
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], output
+    assert "Traceback" not in output
+    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+        assert (out / name).read_text() == f"earlier {name}"
+    assert sorted(os.listdir(out)) == ["cpu.json", "cpu.keras", "cpu.png"]
