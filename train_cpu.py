@@ -12,6 +12,7 @@ from pyimagesearch import cli
 
 def main(argv=None):
     settings = cli.run_settings(cli.build_parser("cpu", __doc__).parse_args(argv))
+    cli.read_cluster("cpu")  # refuses a cluster; an evaluator has nothing to do
     cli.check_run_flags(settings)
 
     from pyimagesearch import strategy as strategies, train

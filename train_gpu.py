@@ -17,14 +17,14 @@ TF_CONFIG only the chief (or worker 0) writes, and training runs the custom
 loop (Keras 3's fit does not run under MultiWorkerMirroredStrategy).
 """
 from pyimagesearch import cli
-from pyimagesearch.cluster import peer_loss_reported, read_tf_config
+from pyimagesearch.cluster import peer_loss_reported
 
 
 def main(argv=None):
     args = cli.build_parser("gpu", __doc__).parse_args(argv)
     settings = cli.run_settings(args)
     # a TF_CONFIG naming several workers makes this process one of them
-    cluster = read_tf_config()
+    cluster = cli.read_cluster("gpu")
     cli.check_run_flags(settings, is_chief=cluster is None or cluster.is_chief)
 
     from pyimagesearch import strategy as strategies, train

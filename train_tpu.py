@@ -16,6 +16,7 @@ from pyimagesearch import cli
 def main(argv=None):
     args = cli.build_parser("tpu", __doc__).parse_args(argv)
     settings = cli.run_settings(args)
+    cli.read_cluster("tpu")  # refuses a cluster; an evaluator has nothing to do
     cli.check_run_flags(settings)
 
     from pyimagesearch import strategy as strategies, train

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from pyimagesearch import preemption
 from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.errors import Preempted, UserError, first_line
 from pyimagesearch.files import join, read_json, write_json
 
@@ -64,18 +65,22 @@ class Backup(keras.callbacks.Callback):
         self.history = {"loss": [], "val_loss": []}
         self.start_step = 0  # global steps trained before this run
 
-    def resume(self, strategy):
+    def resume(self, cluster=None):
         """Check the folder belongs to this run; return the global steps already trained.
 
-        Only the chief checks and writes run.json: another worker could look
-        while the chief is still writing it. Under several workers a
-        collective then makes sure that every worker found the same backup.
+        Every worker of a cluster reads the folder, and they check together
+        that all found the same, so that all stop or none (a refused backup
+        too); only then does the chief write run.json.
         """
-        self.start_step = step = self._checkpoint_step()
+        step, refusal = self._checkpoint_step(), self._refusal()
+        check_workers_agree(cluster, {"backup": refusal or f"{step:,} steps done"},
+                            topic="backup")
+        if refusal:
+            raise UserError(refusal)
         if self.is_chief:
-            self._check_run()
             tf.io.gfile.makedirs(self.folder)
             write_json(join(self.folder, RUN), self.run)
+        self.start_step = step
         epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
         self.history = {key: list(history[key][:epochs_done]) for key in self.history}
@@ -83,8 +88,6 @@ class Backup(keras.callbacks.Callback):
             raise UserError(f"the backup in {self.folder} has {epochs_done} epochs done, more "
                             f"than --epochs {self.epochs}; raise --epochs, or delete the "
                             "backup to start fresh")
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            self._check_workers_agree(strategy, step)
         if step:
             print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "
                   f"epochs and {step:,} steps done")
@@ -95,38 +98,25 @@ class Backup(keras.callbacks.Callback):
         return read_json(join(self.folder, name),
                          advice="delete the backup folder to start fresh")
 
-    def _check_run(self):
-        """UserError unless the folder is empty or this run's backup."""
+    def _refusal(self):
+        """Why the folder cannot be this run's backup; None if it is empty or this run's."""
         saved = self._read(RUN)
         has_state = tf.io.gfile.exists(self.folder) and bool(tf.io.gfile.listdir(self.folder))
         if saved is None and has_state:
-            raise UserError(f"--backup-dir {self.folder} holds files of something else; "
-                            "choose an empty or new folder")
+            return (f"--backup-dir {self.folder} holds files of something else; "
+                    "choose an empty or new folder")
         if saved is not None and saved != self.run:
             differs = ", ".join(f"{key} {saved.get(key)!r} -> {self.run.get(key)!r}"
                                 for key in sorted(set(saved) | set(self.run))
                                 if saved.get(key) != self.run.get(key))
-            raise UserError(f"--backup-dir {self.folder} is the backup of another run "
-                            f"({differs}); delete it, or give a new --backup-dir, to "
-                            "start fresh")
+            return (f"--backup-dir {self.folder} is the backup of another run "
+                    f"({differs}); delete it, or give a new --backup-dir, to "
+                    "start fresh")
         if tf.io.gfile.exists(join(self.folder, KERAS_BACKUP)):
-            raise UserError(f"--backup-dir {self.folder} was written by an earlier version "
-                            "of this repo (Keras' BackupAndRestore), which cannot be "
-                            "resumed here; delete it to start fresh")
-
-    def _check_workers_agree(self, strategy, done):
-        """Stop every worker unless all found the same number of steps done.
-
-        All are equal exactly when n x (sum of squares) == (sum)^2; every
-        worker gets the same answer, so all stop or none.
-        """
-        mine = strategy.run(lambda: tf.constant([1.0, done, done * done], tf.float64))
-        count, total, squares = strategy.reduce(tf.distribute.ReduceOp.SUM, mine,
-                                                axis=None).numpy()
-        if count * squares != total * total:
-            raise UserError(f"the workers found different backups in {self.folder} "
-                            f"(this one: {done:,} steps done): every worker must see the "
-                            "chief's folder; use a bucket (gs://...) or a shared disk")
+            return (f"--backup-dir {self.folder} was written by an earlier version "
+                    "of this repo (Keras' BackupAndRestore), which cannot be "
+                    "resumed here; delete it to start fresh")
+        return None
 
     def _checkpoint_step(self):
         """The global steps the checkpoint has trained (0 without one)."""

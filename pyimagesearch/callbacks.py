@@ -133,9 +133,9 @@ class RunCallbacks:
     backup: Backup | None  # None without --backup-dir
     start: int = 0         # global steps trained before this run (a resumed backup's)
 
-    def resume(self, strategy):
+    def resume(self, cluster=None):
         """The global steps a backup has trained already (0 without one)."""
-        self.start = self.backup.resume(strategy) if self.backup else 0
+        self.start = self.backup.resume(cluster) if self.backup else 0
         return self.start
 
     def history(self, trained):

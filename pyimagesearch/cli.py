@@ -11,7 +11,8 @@ import sys
 
 from pyimagesearch import config
 from pyimagesearch.data import SOURCES
-from pyimagesearch.errors import PeerLost, Preempted, UserError, first_line
+from pyimagesearch.cluster import EVALUATOR, read_tf_config
+from pyimagesearch.errors import NothingToDo, PeerLost, Preempted, UserError, first_line
 from pyimagesearch.plan import Settings, figure_path
 from pyimagesearch.precision import PRECISIONS
 
@@ -166,6 +167,26 @@ def run_settings(args):
     return Settings.from_args(args)
 
 
+def read_cluster(device):
+    """This process's place in the cluster TF_CONFIG describes; None when it trains alone.
+
+    Only train_gpu.py trains across machines; an evaluator task has nothing
+    to do, since validation runs inside training.
+    """
+    cluster = read_tf_config()
+    if cluster is None:
+        return None
+    if cluster.task_type == EVALUATOR:
+        raise NothingToDo(f"TF_CONFIG makes this process {cluster.name}: no evaluator "
+                          "is needed, validation runs inside training")
+    if device != "gpu":
+        raise UserError(f"TF_CONFIG names a cluster of {cluster.workers} workers, but "
+                        f"train_{device}.py trains on one machine; run train_gpu.py on "
+                        "every machine (--rehearse 1 trains on their CPUs), or unset "
+                        "TF_CONFIG")
+    return cluster
+
+
 def check_run_flags(settings, is_chief=True):
     """Before any training: flags that go together do, and every output folder is writable.
 
@@ -226,6 +247,8 @@ def run_main(main, argv=None):
             # an orderly exit would wait on peers that are gone or going
             os._exit(error.exit_status)
         sys.exit(error.exit_status)
+    except NothingToDo as reason:
+        print(f"[INFO] {reason}")
     except KeyboardInterrupt:
         print("interrupted; earlier outputs are untouched", file=sys.stderr)
         sys.exit(130)

@@ -27,6 +27,9 @@ import re
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
 ROLES = ("chief", "worker")  # the task types that train; no parameter servers here
+# a task that is in the cluster but does not train: Vertex AI's worker pool 3
+EVALUATOR = "evaluator"
+AGREEMENT_TIMEOUT_S = 120  # how long a worker waits for the others' run settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Cluster:
     """What TF_CONFIG says about the cluster and this process's place in it."""
 
     workers: int      # processes that train: the chief, if any, plus the workers
-    task_type: str    # "chief" or "worker"
+    task_type: str    # "chief", "worker" or "evaluator"
     task_index: int
     has_chief: bool   # the cluster names a chief
 
@@ -43,17 +46,39 @@ class Cluster:
         """True for the one process that writes: the chief, else worker 0."""
         if self.has_chief:
             return self.task_type == "chief"
-        return self.task_index == 0
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def tasks(self):
+        """Every training task, as "type:index"."""
+        chief = ["chief:0"] if self.has_chief else []
+        return chief + [f"worker:{i}" for i in range(self.workers - len(chief))]
+
+    @property
+    def name(self):
+        return f"{self.task_type} {self.task_index}"
 
 
 def read_tf_config(environ=os.environ):
-    """The Cluster described by $TF_CONFIG, or None when it is unset or empty.
+    """The Cluster described by $TF_CONFIG, or None when this process trains alone.
 
-    A TF_CONFIG that names a cluster of one, a task outside the cluster, a
-    task type that does not train, or is not JSON at all raises UserError.
+    Platforms set TF_CONFIG in their own forms, and TensorFlow reads it
+    again, so what it reads is put right here, in `environ`:
+
+    - unset or empty: None (an empty one is removed; TensorFlow would fail
+      to parse it);
+    - a cluster of one task, as Vertex AI sets on single-machine jobs: None,
+      and TF_CONFIG is removed, so the run is exactly a single machine's;
+    - "master", the legacy name of the chief: renamed "chief";
+    - an "evaluator" task: a Cluster whose task type is "evaluator", which
+      the scripts end at once (validation runs inside training).
+
+    Anything else malformed (not JSON, a task outside the cluster, parameter
+    servers) raises UserError.
     """
     text = environ.get("TF_CONFIG", "").strip()
     if not text:
+        environ.pop("TF_CONFIG", None)
         return None
     try:
         spec = json.loads(text)
@@ -63,13 +88,15 @@ def read_tf_config(environ=os.environ):
         raise UserError('TF_CONFIG needs a "cluster" object, e.g. {"cluster": '
                         '{"worker": ["host-a:12345", "host-b:12345"]}, "task": '
                         '{"type": "worker", "index": 0}}')
-    cluster, task = spec["cluster"], spec.get("task")
-    unknown = sorted(set(cluster) - set(ROLES))
+    cluster = {("chief" if role == "master" else role): hosts
+               for role, hosts in spec["cluster"].items()}
+    task = spec.get("task")
+    unknown = sorted(set(cluster) - set(ROLES) - {EVALUATOR})
     if unknown:
         raise UserError(f"TF_CONFIG's cluster has {', '.join(unknown)} tasks; only "
-                        "chief and worker are supported (no parameter servers)")
+                        "chief, worker and evaluator are supported (no parameter servers)")
     tasks = {}
-    for role in ROLES:
+    for role in (*ROLES, EVALUATOR):
         hosts = cluster.get(role, [])
         if not isinstance(hosts, list) or not all(
                 isinstance(h, str) and h.rpartition(":")[2].isdigit() for h in hosts):
@@ -78,22 +105,66 @@ def read_tf_config(environ=os.environ):
         tasks[role] = hosts
     if len(tasks["chief"]) > 1:
         raise UserError("TF_CONFIG's cluster may name one chief at most")
-    workers = len(tasks["chief"]) + len(tasks["worker"])
-    if workers < 2:
-        raise UserError(f"TF_CONFIG describes a cluster of {workers} task; "
-                        "a single machine needs no TF_CONFIG (unset it)")
     if not isinstance(task, dict):
         raise UserError('TF_CONFIG needs a "task" object, e.g. '
                         '{"type": "worker", "index": 0}')
     task_type, index = task.get("type"), task.get("index")
-    if task_type not in ROLES:
+    task_type = "chief" if task_type == "master" else task_type
+    if task_type not in (*ROLES, EVALUATOR):
         raise UserError(f"TF_CONFIG's task type is {task_type!r}; this script "
-                        "runs as chief or worker")
+                        "runs as chief, worker or evaluator")
+    workers = len(tasks["chief"]) + len(tasks["worker"])
+    if task_type == EVALUATOR:  # TensorFlow's evaluator need not be in the cluster
+        return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]))
     if not isinstance(index, int) or isinstance(index, bool) or not (
             0 <= index < len(tasks[task_type])):
         raise UserError(f"TF_CONFIG's task index {index!r} is outside the cluster's "
                         f"{len(tasks[task_type])} {task_type} task(s)")
+    if workers < 2:
+        environ.pop("TF_CONFIG", None)
+        print(f"[INFO] TF_CONFIG names a cluster of {workers} task (as Vertex AI sets "
+              "for a single machine): training as a single machine", flush=True)
+        return None
+    if "master" in spec["cluster"] or task.get("type") == "master":
+        environ["TF_CONFIG"] = json.dumps({**spec, "cluster": cluster,
+                                           "task": {**task, "type": task_type}})
     return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]))
+
+
+def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):
+    """Stop every worker, with one line naming the difference, unless all run alike.
+
+    `facts` ({name: JSON value}) are this worker's settings, data and
+    devices (or what it found in the backup: `topic` names the exchange).
+    Each worker posts them to the coordination service's key-value
+    store, which MultiWorkerMirroredStrategy has just connected every worker
+    to, and reads every other's back. Not an all-reduce: workers with a
+    different number of devices would not even agree on the all-reduce's
+    group size. Private TensorFlow API (tests check it exists).
+    """
+    if cluster is None:
+        return
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    me = f"{cluster.task_type}:{cluster.task_index}"
+    runtime = context.context()
+    runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
+    for other in cluster.tasks:
+        if other == me:
+            continue
+        try:
+            theirs = json.loads(runtime.get_config_key_value(
+                f"pyimagesearch/{topic}/{other}", timeout_in_ms=int(timeout_s * 1000)))
+        except tf.errors.OpError as error:
+            raise UserError(f"{cluster.name} could not read the {topic} settings of "
+                            f"{other.replace(':', ' ')} ({first_line(error)})") from error
+        for name, value in facts.items():
+            if theirs.get(name) != value:
+                raise UserError(
+                    f"the workers disagree: {name} is {value!r} on {cluster.name} but "
+                    f"{theirs.get(name)!r} on {other.replace(':', ' ')}; start every "
+                    "worker with the same flags, data and number of devices")
 
 
 @contextlib.contextmanager

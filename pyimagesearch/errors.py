@@ -34,6 +34,10 @@ class Preempted(UserError):
     exit_status = 143
 
 
+class NothingToDo(Exception):
+    """This process has no part in the run (an evaluator task): one line, exit status 0."""
+
+
 def first_line(error):
     """The first line of an exception's message (an OSError's or TensorFlow's own text)."""
     text = str(getattr(error, "strerror", None) or getattr(error, "message", None)

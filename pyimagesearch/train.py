@@ -17,6 +17,7 @@ import tensorflow as tf
 from pyimagesearch import config
 from pyimagesearch.autoencoder import IMAGE_SHAPE, AutoEncoder
 from pyimagesearch.callbacks import make_callbacks
+from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.data import (Reading, figure_digits, resolve_data_dir, resolve_source,
                                 usable_images)
 from pyimagesearch.errors import UserError
@@ -50,8 +51,9 @@ def run(settings, strategy, device, rehearsal=False, cluster=None):
     testIm = figure_digits(source.images(config.VALIDATION_FLAG))
     # timing, backup (--backup-dir), TensorBoard (--logdir), profiler; a
     # backup says how many steps are trained already, so the data skips them
+    check_workers_agree(cluster, agreed_facts(plan, source, strategy))
     callbacks = make_callbacks(plan, source, testIm)
-    start = callbacks.resume(strategy)
+    start = callbacks.resume(cluster)
     print("[INFO] loading the training and validation datasets...")
     trainDs = training_data(strategy, plan, source, skip=start)
     valDs, validation = validation_data(strategy, plan, source)
@@ -85,6 +87,19 @@ def run(settings, strategy, device, rehearsal=False, cluster=None):
     save_outputs(plan, record, model, testIm, predIm)
     callbacks.finish()
     return record
+
+
+def agreed_facts(plan, source, strategy):
+    """What every worker of a cluster must share: devices, data and training settings."""
+    settings = plan.settings
+    return {"devices per worker": len(strategy.extended.worker_devices),
+            "data source": source.label,
+            "training images": source.size(config.TRAIN_FLAG),
+            "validation images": source.size(config.VALIDATION_FLAG),
+            "global batch": plan.global_batch_size, "steps per epoch": plan.steps_per_epoch,
+            "epochs": settings.epochs, "seed": settings.seed, "optimizer": settings.optimizer,
+            "learning rate": plan.learning_rate, "precision": settings.precision,
+            "XLA": settings.jit_compile, "loop": plan.loop}
 
 
 def distributed_input(strategy, build):

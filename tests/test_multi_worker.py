@@ -42,8 +42,7 @@ def test_a_two_worker_tf_config_is_read():
 @pytest.mark.parametrize("environ, complaint", [
     ({"TF_CONFIG": "{not json"}, "not valid JSON"),
     (_config({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 2}), "outside the cluster"),
-    (_config({"worker": ["a:1", "b:2"]}, {"type": "evaluator", "index": 0}), "task type"),
-    (_config({"worker": ["a:1"]}, {"type": "worker", "index": 0}), "cluster of 1"),
+    (_config({"worker": ["a:1", "b:2"]}, {"type": "parameter", "index": 0}), "task type"),
     (_config({"worker": ["a:1", "b:2"], "ps": ["p:3"]}, {"type": "worker", "index": 0}),
      "no parameter servers"),
     (_config({"worker": ["a", "b:2"]}, {"type": "worker", "index": 0}), "host:port"),
@@ -52,6 +51,23 @@ def test_a_two_worker_tf_config_is_read():
 def test_a_broken_tf_config_is_a_user_error(environ, complaint):
     with pytest.raises(UserError, match=complaint):
         read_tf_config(environ)
+
+
+def test_the_forms_platforms_set_are_read():
+    # Vertex AI on one machine: a cluster of one, run as a single machine
+    environ = _config({"chief": ["a:1"]}, {"type": "chief", "index": 0})
+    assert read_tf_config(environ) is None and "TF_CONFIG" not in environ
+    environ = {"TF_CONFIG": ""}  # set but empty: TensorFlow must not parse it
+    assert read_tf_config(environ) is None and "TF_CONFIG" not in environ
+    # "master", the chief's legacy name, is rewritten for TensorFlow
+    environ = _config({"master": ["m:1"], "worker": ["a:1"]}, {"type": "master", "index": 0})
+    cluster = read_tf_config(environ)
+    assert cluster.is_chief and (cluster.task_type, cluster.workers) == ("chief", 2)
+    assert json.loads(environ["TF_CONFIG"])["cluster"] == {"chief": ["m:1"], "worker": ["a:1"]}
+    # an evaluator (Vertex AI's worker pool 3) is read, not refused
+    evaluator = read_tf_config(_config({"chief": ["c:1"], "worker": ["a:1"]},
+                                       {"type": "evaluator", "index": 0}))
+    assert evaluator.task_type == "evaluator" and not evaluator.is_chief
 
 
 def test_a_broken_tf_config_is_one_line_and_exit_2(repo, tmp_path):

@@ -1,0 +1,142 @@
+"""TF_CONFIG as platforms set it, and workers that disagree: real processes started by hand.
+
+Each cluster runs inside a network namespace of its own (`unshare --net`,
+loopback only), so TensorFlow's servers, which listen on every interface,
+are reachable from this machine alone.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import train_cpu
+
+ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
+                "--learning-rate", "0.5", "--data-source", "sample"]
+
+# Runs inside the namespace: start one process per task with its TF_CONFIG,
+# wait for all (bounded), print {task: [status, output]} as JSON.
+DRIVER = r"""
+import json, os, socket, subprocess, sys
+tasks = json.loads(sys.argv[1])  # [[type, script args...], ...]
+timeout = float(sys.argv[2])
+ports = []
+for _ in tasks:
+    probe = socket.socket(); probe.bind(("127.0.0.1", 0)); ports.append(probe)
+addresses = [f"127.0.0.1:{p.getsockname()[1]}" for p in ports]
+for p in ports:
+    p.close()
+cluster, counts = {}, {}
+for (kind, *_), address in zip(tasks, addresses):
+    if kind != "evaluator":
+        cluster.setdefault(kind, []).append(address)
+processes = []
+for kind, *args in tasks:
+    index = counts.get(kind, 0)
+    counts[kind] = index + 1
+    env = {**os.environ, "TF_CONFIG": json.dumps(
+        {"cluster": cluster, "task": {"type": kind, "index": index}})}
+    processes.append(subprocess.Popen([sys.executable, *args], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+results = []
+for process in processes:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for other in processes:
+            other.kill()
+        out, _ = process.communicate()
+        out += "\n[driver] timed out"
+    results.append([process.returncode, out])
+print(json.dumps(results))
+"""
+
+
+def _cluster(repo, tasks, timeout=120):
+    """Run `tasks` ([type, script, args...]) as one cluster; [(status, output)] per task."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip for a loopback-only network namespace")
+    command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+               sys.executable, "-c", DRIVER, json.dumps(tasks), str(timeout)]
+    if os.geteuid() != 0:
+        command[1:1] = ["--map-root-user"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
+                          timeout=timeout + 60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(result) for result in json.loads(done.stdout)]
+
+
+def _weights(path):
+    return [w.numpy() for w in keras.saving.load_model(path).weights]
+
+
+def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
+    # Vertex AI's worker pools 0 and 1: a chief and a worker
+    flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
+    (chief, chief_out), (worker, worker_out) = _cluster(repo, [
+        ["chief", *flags, "--output-dir", str(tmp_path / "cluster")],
+        ["worker", *flags, "--output-dir", str(tmp_path / "worker")]])
+    assert chief == worker == 0, chief_out[-2000:] + worker_out[-2000:]
+    record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
+    assert (record["workers"], record["global_batch_size"]) == (2, 256)
+    assert not (tmp_path / "worker").exists()  # only the chief writes
+    train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")])
+    for a, b in zip(_weights(tmp_path / "one" / "cpu.keras"),
+                    _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_cluster_of_one_and_an_evaluator(repo, tmp_path):
+    flags = [*ONE_SGD_STEP, "--rehearse", "1"]
+    (alone, alone_out), (evaluator, evaluator_out) = _cluster(repo, [
+        ["worker", "train_gpu.py", *flags, "--output-dir", str(tmp_path / "alone")],
+        ["evaluator", "train_gpu.py", *flags, "--output-dir", str(tmp_path / "evaluator")]])
+    assert alone == 0, alone_out[-2000:]
+    assert "cluster of 1 task" in alone_out
+    assert json.loads((tmp_path / "alone" / "gpu_rehearsal.json").read_text())["workers"] == 1
+    assert evaluator == 0, evaluator_out[-2000:]
+    assert "no evaluator is needed" in evaluator_out
+    assert not (tmp_path / "evaluator").exists()
+
+
+def test_master_is_the_chief(repo, tmp_path):
+    flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
+    results = _cluster(repo, [["master", *flags, "--output-dir", str(tmp_path / "master")],
+                              ["worker", *flags, "--output-dir", str(tmp_path / "worker")]])
+    assert [status for status, _ in results] == [0, 0], results[0][1][-2000:]
+    assert (tmp_path / "master" / "gpu_rehearsal.json").exists()
+    assert not (tmp_path / "worker").exists()
+
+
+@pytest.mark.parametrize("difference, named", [
+    (["--epochs", "2"], "epochs is 1 on chief 0 but 2 on worker 0"),
+    (["--rehearse", "2"], "devices per worker is 1"),
+])
+def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference, named):
+    base = ["train_gpu.py", "--rehearse", "1", "--epochs", "1", "--steps-per-epoch", "1",
+            "--data-source", "sample", "--output-dir", str(tmp_path)]
+    results = _cluster(repo, [["chief", *base], ["worker", *base, *difference]], timeout=120)
+    for status, output in results:
+        assert status == 2, output[-2000:]
+        errors = [line for line in output.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and "the workers disagree" in errors[0], output[-2000:]
+        assert "Traceback" not in output and "timed out" not in output
+    assert named in results[0][1]
+    assert not (tmp_path / "gpu_rehearsal.json").exists()
+
+
+def test_train_cpu_refuses_a_cluster(repo, tmp_path):
+    config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+              "task": {"type": "worker", "index": 0}}
+    result = subprocess.run([sys.executable, "train_cpu.py", "--output-dir", str(tmp_path)],
+                            cwd=repo, env={**os.environ, "TF_CONFIG": json.dumps(config)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run train_gpu.py on every machine" in lines[0], result.stderr
+    assert os.listdir(tmp_path) == []
