@@ -20,3 +20,4 @@ with native_stderr_quiet():
 
 from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402,F401  (registers it)
 from pyimagesearch.loss import MSELoss  # noqa: E402,F401  (registers it)
+from pyimagesearch.precision import ReplicasAgreeLossScaleOptimizer  # noqa: E402,F401

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.files import join, write_json
+from pyimagesearch.strategy import collective_communication
 
 matplotlib.use("Agg")  # no display needed; must precede any pyplot import
 from matplotlib.figure import Figure  # noqa: E402
@@ -129,6 +130,10 @@ def run_record(plan, strategy, source, validation, *, history, timer, resumed_fr
                      if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
                      else type(strategy).__name__),
         "workers": plan.workers,
+        # how the workers' all-reduces travel (several machines only)
+        "communication": (collective_communication(plan.rehearsal).name
+                           if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                           else None),
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.global_batch_size // plan.replicas,

@@ -28,5 +28,29 @@ def with_loss_scaling(optimizer, name):
     optimizer for `fit` and the custom loop, which scales its loss itself.
     """
     if name == "mixed_float16":
-        return keras.optimizers.LossScaleOptimizer(optimizer)
+        return ReplicasAgreeLossScaleOptimizer(optimizer)
     return optimizer
+
+
+@keras.saving.register_keras_serializable(package="pyimagesearch")
+class ReplicasAgreeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' LossScaleOptimizer, with every replica taking the same skip decision.
+
+    Keras 3.15 decides whether gradients overflowed from each replica's own
+    gradients before they are all-reduced: under MirroredStrategy from the
+    first replica's alone (so another replica's inf reaches the update and
+    stays in Adam's state), under MultiWorkerMirroredStrategy per replica (so
+    one worker enters the all-reduce inside `apply` while another skips it,
+    and both hang). Here the replicas all-reduce their "finite" flags first.
+    """
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                        tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflowed, 0.0)

@@ -244,13 +244,26 @@ def multi_worker_strategy(cluster, rehearse=None):
         gpu_strategy()  # raises the one-line "no GPU" error, with its cause
     # no per-collective timeout (TensorFlow calls it a debugging aid: a thread
     # per collective); a lost peer is noticed by the coordination service
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=collective_communication(rehearse))
     with local_cpu_devices(rehearse):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     expected = cluster.workers * (rehearse or 1)  # every worker has as many devices
     if rehearse and strategy.num_replicas_in_sync != expected:
         raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
                         f"expected {expected}")
     return strategy
+
+
+def collective_communication(rehearse):
+    """How MultiWorkerMirroredStrategy's all-reduces travel: NCCL between GPUs.
+
+    AUTO, TensorFlow's default, all-reduces over gRPC rings even between the
+    GPUs of one machine; NCCL uses NVLink and the GPUs' own transport. A
+    rehearsal on CPUs keeps AUTO (NCCL needs GPUs).
+    """
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    return implementation.AUTO if rehearse else implementation.NCCL
 
 
 def get_strategy(device, rehearse=None, tpu=None, cluster=None):

@@ -84,6 +84,7 @@ def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
     assert chief == worker == 0, chief_out[-2000:] + worker_out[-2000:]
     record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
     assert (record["workers"], record["global_batch_size"]) == (2, 256)
+    assert record["communication"] == "AUTO"  # a rehearsal: NCCL needs GPUs
     assert not (tmp_path / "worker").exists()  # only the chief writes
     train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")])
     for a, b in zip(_weights(tmp_path / "one" / "cpu.keras"),

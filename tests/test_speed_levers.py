@@ -130,3 +130,32 @@ def test_the_levers_benchmark_reports_every_set_up(tmp_path):
     assert set(result["median_seconds"]) == {"float32", "mixed_bfloat16", "xla"}
     assert all(value > 0 for value in result["median_seconds"].values())
     assert result["speedup_over_float32"]["float32"] == 1.0
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(loop):
+    # replica 1's half of the batch overflows float16; replica 0's does not
+    set_precision("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    images = np.zeros((4, 28, 28, 1), "float32")
+    images[2:] = 3e4
+    with strategy.scope():
+        model = AutoEncoder()
+        optimizer = with_loss_scaling(keras.optimizers.Adam(1e-3), "mixed_float16")
+        model.compile(loss=MSELoss(scale=2), optimizer=optimizer)
+        model.build((None, 28, 28, 1))
+        optimizer.build(model.trainable_variables)
+    before = [w.numpy() for w in model.trainable_weights]
+    data = tf.data.Dataset.from_tensor_slices((images, images)).batch(4)
+    if loop == "custom":
+        fit_custom(model, strategy, data.repeat(), data, epochs=1, steps_per_epoch=1,
+                   global_batch_size=4, verbose=False)
+    else:
+        model.fit(data.repeat(), epochs=1, steps_per_epoch=1, verbose=0)
+    after = [w.numpy() for w in model.trainable_weights]
+    assert all(np.isfinite(w).all() for w in after)
+    assert all(np.array_equal(a, b) for a, b in zip(after, before))  # skipped everywhere
+    assert float(np.asarray(optimizer.dynamic_scale.value)) == 2.0 ** 14  # halved once
+    slots = [v.numpy() for v in optimizer.inner_optimizer.variables if v.dtype == "float32"]
+    assert all(np.isfinite(v).all() for v in slots)  # no inf in Adam's state

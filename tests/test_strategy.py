@@ -270,3 +270,22 @@ def test_a_missing_rehearsal_hook_is_reported_once(monkeypatch, capsys):
     workarounds.plain_device_buffers()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "rehearsal epochs may stall" in lines[0]
+
+
+def test_several_gpu_machines_all_reduce_with_nccl(monkeypatch):
+    # no GPU here: TensorFlow is told it has one, and the strategy is recorded
+    made = {}
+
+    class Recorded:
+        def __init__(self, communication_options=None):
+            made["options"] = communication_options
+
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
+    cluster = type("Cluster", (), {"workers": 2})()
+    strategy.multi_worker_strategy(cluster)
+    nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
+    assert made["options"].implementation == nccl
+    # a rehearsal on CPUs keeps TensorFlow's default
+    assert strategy.collective_communication(rehearse=1).name == "AUTO"
