@@ -30,7 +30,8 @@ def main(argv=None):
     from pyimagesearch import strategy as strategies, train
     # MirroredStrategy over the GPUs (MultiWorkerMirroredStrategy across
     # machines), or over N logical CPUs to rehearse
-    strategy = strategies.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster)
+    strategy = strategies.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster,
+                                       startup_timeout_s=args.startup_timeout)
     if cluster:
         print(f"[INFO] {cluster.task_type} {cluster.task_index} of a {cluster.workers}-"
               "worker cluster; custom loop, since Keras 3's fit does not run under "

@@ -58,6 +58,22 @@ positive_int.__name__ = "positive integer"
 non_negative_int.__name__ = "non-negative integer"
 
 
+MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
+STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
+
+
+def bounded_int(minimum, maximum):
+    """A flag type: an integer from `minimum` to `maximum`."""
+    def parse(text):
+        value = _number(int, minimum, text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def step_range(text):
     """'A,B': the first and last training step (counted from 1) to profile."""
     first, comma, last = text.partition(",")
@@ -147,9 +163,16 @@ def build_parser(device, description):
                                  if on_tpu else ""))
     if device in ("gpu", "tpu"):
         parser.add_argument(
-            "--rehearse", type=positive_int, default=None, metavar="N",
-            help="split the CPU into N logical devices and run this very "
-                 "configuration on them, no accelerator needed")
+            "--rehearse", type=bounded_int(1, MAX_REHEARSAL_DEVICES), default=None,
+            metavar="N", help="split the CPU into N logical devices (at most "
+                              f"{MAX_REHEARSAL_DEVICES}) and run this very configuration "
+                              "on them, no accelerator needed")
+    if device == "gpu":
+        parser.add_argument(
+            "--startup-timeout", type=positive_float, default=STARTUP_TIMEOUT_S,
+            metavar="SECONDS", help="under TF_CONFIG, how long to wait for the other "
+                                    "workers to start before giving up (default "
+                                    "%(default)s)")
     if on_tpu:
         parser.add_argument("--tpu", default=None,
                             help="TPU name or grpc:// address (default: found from "
@@ -251,4 +274,6 @@ def run_main(main, argv=None):
         print(f"[INFO] {reason}")
     except KeyboardInterrupt:
         print("interrupted; earlier outputs are untouched", file=sys.stderr)
-        sys.exit(130)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # TensorFlow's shutdown could wait on workers still starting

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
@@ -40,6 +41,7 @@ class Cluster:
     task_type: str    # "chief", "worker" or "evaluator"
     task_index: int
     has_chief: bool   # the cluster names a chief
+    peers: tuple = () # (task name, "host:port") of every other training task
 
     @property
     def is_chief(self):
@@ -128,7 +130,21 @@ def read_tf_config(environ=os.environ):
     if "master" in spec["cluster"] or task.get("type") == "master":
         environ["TF_CONFIG"] = json.dumps({**spec, "cluster": cluster,
                                            "task": {**task, "type": task_type}})
-    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]))
+    peers = tuple((f"{role} {i}", host) for role in ROLES
+                  for i, host in enumerate(tasks[role]) if (role, i) != (task_type, index))
+    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers)
+
+
+def missing_peers(cluster, timeout_s=2.0):
+    """The peers whose address takes no TCP connection now (their server is not up)."""
+    missing = []
+    for name, address in cluster.peers:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError:
+            missing.append(f"{name} ({address})")
+    return missing
 
 
 def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):

@@ -481,8 +481,11 @@ def tfrecord_pipeline(source, split, reading, input_context=None):
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
     dataset = _finish(dataset, input_context, local_batches=shard is not None,
                       decode=tfrecords.image_decoder(metadata["image_shape"]))
-    # the pipeline splits itself between workers (input_context); a strategy's
-    # auto-shard rewrite would only drop the batch count, with a warning
+    if input_context is None:
+        # a strategy over several hosts (a TPU slice) splits it between them
+        return dataset
+    # this pipeline splits itself between the workers; a strategy's auto-shard
+    # rewrite would only drop the batch count, with a warning
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)

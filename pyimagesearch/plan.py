@@ -97,6 +97,10 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
         raise UserError(f"a global batch of {global_batch} is larger than an epoch "
                         f"of {config.TRAIN_IMAGES} images; lower --batch-size or "
                         "set --steps-per-epoch")
+    if settings.profile_steps and settings.profile_steps[0] > settings.epochs * steps:
+        raise UserError(f"--profile-steps {settings.profile_steps[0]},"
+                        f"{settings.profile_steps[1]} starts after the last of the run's "
+                        f"{settings.epochs * steps} steps")
     stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
     return RunPlan(
         settings, device, name=f"{stem}_rehearsal" if rehearsal else stem,

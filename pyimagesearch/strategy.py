@@ -12,9 +12,10 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.workarounds import (local_cpu_devices, native_stderr_quiet,
-                                      plain_device_buffers)
+from pyimagesearch.cluster import missing_peers
+from pyimagesearch.errors import PeerLost, UserError, first_line
+from pyimagesearch.workarounds import (bound_cluster_start, local_cpu_devices,
+                                      native_stderr_quiet, plain_device_buffers)
 
 
 def hide_gpus():
@@ -226,12 +227,14 @@ def tpu_strategy(tpu=None):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def multi_worker_strategy(cluster, rehearse=None):
+def multi_worker_strategy(cluster, rehearse=None, startup_timeout_s=None):
     """MultiWorkerMirroredStrategy for this process's place in `cluster`.
 
     Each worker trains on its GPUs; with `rehearse` K it trains on K logical
     CPU devices instead, so the same command rehearses a cluster of GPU
-    machines on CPUs. Must run before TensorFlow's runtime starts.
+    machines on CPUs. Must run before TensorFlow's runtime starts. The
+    strategy waits for every worker to start; after `startup_timeout_s`
+    seconds (None: for ever) it gives up with one line naming who is missing.
     """
     plain_device_buffers()
     if rehearse:
@@ -247,12 +250,30 @@ def multi_worker_strategy(cluster, rehearse=None):
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=collective_communication(rehearse))
     with local_cpu_devices(rehearse):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        strategy = _while_peers_start(
+            lambda: tf.distribute.MultiWorkerMirroredStrategy(communication_options=options),
+            cluster, startup_timeout_s)
     expected = cluster.workers * (rehearse or 1)  # every worker has as many devices
     if rehearse and strategy.num_replicas_in_sync != expected:
         raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
                         f"expected {expected}")
     return strategy
+
+
+def _while_peers_start(build, cluster, timeout_s):
+    """`build()`, which waits until every worker has started, for `timeout_s` at most."""
+    if timeout_s is not None:
+        bound_cluster_start(timeout_s)
+    late = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)
+    try:
+        with native_stderr_quiet(late):  # our line says what TensorFlow logs at length
+            return build()
+    except late as error:
+        missing = missing_peers(cluster)
+        raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
+                       + (", ".join(missing) if missing else "its peers")
+                       + f" to start (--startup-timeout; TensorFlow said: "
+                       f"{first_line(error)})") from error
 
 
 def collective_communication(rehearse):
@@ -266,16 +287,17 @@ def collective_communication(rehearse):
     return implementation.AUTO if rehearse else implementation.NCCL
 
 
-def get_strategy(device, rehearse=None, tpu=None, cluster=None):
+def get_strategy(device, rehearse=None, tpu=None, cluster=None, startup_timeout_s=None):
     """The strategy for `device` ("cpu", "gpu", "tpu"), or a rehearsal of it.
 
     With `cluster` (a multi-worker TF_CONFIG, GPUs only) it is this worker's
-    MultiWorkerMirroredStrategy.
+    MultiWorkerMirroredStrategy, which waits up to `startup_timeout_s` for
+    the other workers to start.
     """
     if device not in ("cpu", "gpu", "tpu"):
         raise UserError(f"unknown device {device!r}; choose cpu, gpu or tpu")
     if cluster is not None:
-        return multi_worker_strategy(cluster, rehearse)
+        return multi_worker_strategy(cluster, rehearse, startup_timeout_s)
     if rehearse:
         return rehearsal_strategy(rehearse)
     if device == "cpu":

@@ -6,8 +6,10 @@
    buffers (rehearsal epochs stalled for minutes).
 3. `local_cpu_devices`: several logical CPU devices per worker under
    MultiWorkerMirroredStrategy, for rehearsals.
+4. `bound_cluster_start`: a limit on how long MultiWorkerMirroredStrategy
+   waits for the other workers to start.
 
-The hooks reach into private TensorFlow API; tests check that both still
+The hooks reach into private TensorFlow API; tests check that they still
 exist in the TensorFlow versions CI runs (2.20 and 2.21).
 
 Quiet native logs.
@@ -241,3 +243,32 @@ class local_cpu_devices:
 
             car.CollectiveAllReduceExtended._initialize_local_devices = self._original
         return False
+
+
+def bound_cluster_start(timeout_s):
+    """Make MultiWorkerMirroredStrategy give up after `timeout_s` waiting for the workers.
+
+    The strategy sets up TensorFlow's coordination service, with no limit on
+    how long every worker may take to register: a worker that never starts
+    leaves the others waiting for ever, and in C++, where neither Ctrl-C nor
+    SIGTERM reaches Python. It configures the service only if nothing has,
+    so it is configured here first, the same way, plus the limit.
+    """
+    import tensorflow as tf
+    # the protobuf module as the strategy itself imports it (its path moves)
+    from tensorflow.python.distribute import collective_all_reduce_strategy as car
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    jobs = [car.coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker") if job in spec.jobs]
+    runtime = context.context()
+    runtime.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=jobs, cluster_register_timeout_in_ms=int(timeout_s * 1000))
+    # the limit covers the service's own task too only when registering
+    # waits at a barrier for all tasks (the service's leader otherwise waits
+    # for the others with no limit)
+    runtime.coordination_service.cluster_register_with_barrier = True

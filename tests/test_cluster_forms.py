@@ -39,6 +39,8 @@ processes = []
 for kind, *args in tasks:
     index = counts.get(kind, 0)
     counts[kind] = index + 1
+    if not args:
+        continue  # in the cluster, never started
     env = {**os.environ, "TF_CONFIG": json.dumps(
         {"cluster": cluster, "task": {"type": kind, "index": index}})}
     processes.append(subprocess.Popen([sys.executable, *args], env=env, text=True,
@@ -58,7 +60,10 @@ print(json.dumps(results))
 
 
 def _cluster(repo, tasks, timeout=120):
-    """Run `tasks` ([type, script, args...]) as one cluster; [(status, output)] per task."""
+    """Run `tasks` ([type, script, args...]) as one cluster; [(status, output)] per task.
+
+    A task given as [type] alone is in the cluster but never started.
+    """
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs unshare and ip for a loopback-only network namespace")
     command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
@@ -126,7 +131,7 @@ def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference
         assert status == 2, output[-2000:]
         errors = [line for line in output.splitlines() if ": error: " in line]
         assert len(errors) == 1 and "the workers disagree" in errors[0], output[-2000:]
-        assert "Traceback" not in output and "timed out" not in output
+        assert "Traceback" not in output and "[driver] timed out" not in output
     assert named in results[0][1]
     assert not (tmp_path / "gpu_rehearsal.json").exists()
 
@@ -140,4 +145,15 @@ def test_train_cpu_refuses_a_cluster(repo, tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "run train_gpu.py on every machine" in lines[0], result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_worker_that_never_starts_is_named_within_the_startup_timeout(repo, tmp_path):
+    flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1", "--startup-timeout", "10",
+             "--output-dir", str(tmp_path)]
+    [(status, output)] = _cluster(repo, [["chief", *flags], ["worker"]], timeout=100)
+    assert status == 138, output[-2000:]  # a restart may find the worker up
+    errors = [line for line in output.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "waiting for worker 0 (127.0.0.1:" in errors[0], output
+    assert "Traceback" not in output and "[driver] timed out" not in output
     assert os.listdir(tmp_path) == []

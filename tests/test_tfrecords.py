@@ -118,7 +118,7 @@ def test_shard_order_differs_between_epochs(tmp_path, small, seed):
     assert len(set(orders)) > 1
 
 
-@pytest.mark.parametrize("shards, by_file", [(4, True), (1, False)])
+@pytest.mark.parametrize("shards, by_file", [(4, True), (1, False), (3, False)])
 def test_multi_worker_training_split_covers_the_data_once(tmp_path, small, shards, by_file):
     write(tmp_path, small, shards=shards)
     owners = None
@@ -355,3 +355,23 @@ def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, c
     assert "stand-in" in figures["tfrecord_data"]
     assert not list(tmp_path.glob("pyimagesearch-tfrecords-*"))  # temporary folder removed
     assert "tfrecord" in capsys.readouterr().out
+
+
+def test_files_are_split_between_workers_only_when_they_divide_evenly():
+    assert tfrecords.splits_by_file(8, 4) and tfrecords.splits_by_file(8, 8)
+    # 8 shards over 3 workers: 3, 3 and 2 files, the third worker's images
+    # seen 1.5 times as often; split by record instead
+    assert not tfrecords.splits_by_file(8, 3) and not tfrecords.splits_by_file(1, 2)
+
+
+def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, small):
+    write(tmp_path, small, shards=2)
+    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    reading = data.Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
+                           drop_remainder=True)
+    # one process: a strategy over several hosts (a TPU slice) shards it
+    whole = source.dataset(TRAIN, reading)
+    assert whole.options().experimental_distribute.auto_shard_policy != off
+    sliced = source.dataset(TRAIN, reading, tf.distribute.InputContext(2, 0, 2))
+    assert sliced.options().experimental_distribute.auto_shard_policy == off
