@@ -1,0 +1,213 @@
+"""Run the article's listings as printed, each in a fresh interpreter, and record what happens.
+
+    python tools/check_listings.py --json outputs/quoted/listings/tf221.json
+    /path/to/tf2.20/venv/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
+
+Each listing is the article's code (set-up, the three matmul timings, the
+TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
+inference lines, tfds.load with try_gcs) run by the Python that runs this
+script, so the record says which TensorFlow and Keras it was. For each: the
+exit status, the last line printed (the error, if any) and the seconds taken.
+The README's listings table quotes these records.
+"""
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+MATMUL = '''
+import tensorflow as tf
+import time
+w = tf.random.normal((1024, 512, 16))
+x = tf.random.normal((1024, 16, 512))
+b = tf.random.normal((1024, 512, 512))
+start = time.time()
+output = tf.matmul(w, x) + b
+end = time.time()
+print(f"time taken: {(end-start):%s} sec")
+'''
+MATMUL_TPU = '''
+import tensorflow as tf
+import time
+tpu = tf.distribute.cluster_resolver.TPUClusterResolver()
+tf.config.experimental_connect_to_cluster(tpu)
+tf.tpu.experimental.initialize_tpu_system(tpu)
+strategy = tf.distribute.TPUStrategy(tpu)
+with strategy.scope():
+    w = tf.random.normal((1024, 512, 16))
+    x = tf.random.normal((1024, 16, 512))
+    b = tf.random.normal((1024, 512, 512))
+with strategy.scope():
+    start = time.time()
+    output = tf.matmul(w, x) + b
+    end = time.time()
+    print(f"time taken: {(end-start):.2f} sec")
+'''
+AUTOENCODER = '''
+from tensorflow.keras import Model
+from tensorflow.keras import Sequential
+from tensorflow.keras.layers import InputLayer
+from tensorflow.keras.layers import Conv2D
+from tensorflow.keras.layers import Conv2DTranspose
+
+class AutoEncoder(Model):
+    def __init__(self):
+        super().__init__()
+        self.encoder = Sequential([
+            InputLayer((28, 28, 1)),
+            Conv2D(16, (3, 3), activation='relu', padding='same', strides=2),
+            Conv2D(8, (3, 3), activation='relu', padding='same', strides=2)])
+        self.decoder = Sequential([
+            Conv2DTranspose(8, kernel_size=3, strides=2, activation='relu', padding='same'),
+            Conv2DTranspose(16, kernel_size=3, strides=2, activation='relu', padding='same'),
+            Conv2D(1, kernel_size=(3, 3), activation='sigmoid', padding='same')])
+
+    def call(self, x):
+        encoded = self.encoder(x)
+        decoded = self.decoder(encoded)
+        return decoded
+'''
+LOSS = '''
+from tensorflow.keras.losses import MeanSquaredError
+from tensorflow.keras.losses import Reduction
+from tensorflow import reduce_mean
+
+class MSELoss():
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, real, pred):
+        MSE = MeanSquaredError(reduction=Reduction.NONE)
+        loss = MSE(real, pred)
+        loss = reduce_mean(loss) * (1. / self.scale)
+        return loss
+'''
+# two logical CPU devices stand in for the TPU cores (as --rehearse does)
+TRAIN_AND_INFER = '''
+import tensorflow as tf
+tf.random.set_seed(42)
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tensorflow.keras.preprocessing.image import array_to_img
+import numpy as np
+images = np.random.default_rng(0).random((256, 28, 28, 1), dtype=np.float32)
+trainDs = tf.data.Dataset.from_tensor_slices((images, images)).repeat().batch(64)
+valDs = tf.data.Dataset.from_tensor_slices((images, images)).batch(64)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = AutoEncoder()
+    mseLoss = MSELoss(scale=1)
+    model.compile(loss=mseLoss, optimizer="adam")
+    model.fit(trainDs, epochs=1, steps_per_epoch=2, validation_data=valDs,
+              validation_steps=1, verbose=0)
+%s
+'''
+INFERENCE = '''
+(testIm, _) = next(iter(valDs))
+predIm = model.predict(testIm, verbose=0)
+image = array_to_img(predIm[0])
+print("inference:", predIm.shape, image.size)
+'''
+LISTINGS = {
+    "matmul_cpu": MATMUL % ".2f",
+    "matmul_gpu": MATMUL % ".6f",
+    "matmul_tpu": MATMUL_TPU,
+    "import_TPUClusterResolver":
+        "from tensorflow.distribute.cluster_resolver import TPUClusterResolver",
+    "import_TPUStrategy": "from tensorflow.distribute import TPUStrategy",
+    "import_connect_and_initialize":
+        "from tensorflow.config import experimental_connect_to_cluster\n"
+        "from tensorflow.tpu.experimental import initialize_tpu_system\nprint('imported')",
+    "import_array_to_img":
+        "from tensorflow.keras.preprocessing.image import array_to_img\nprint('imported')",
+    "autoencoder": AUTOENCODER + "\nmodel = AutoEncoder()\nmodel.build((None, 28, 28, 1))\n"
+                   "print('weights:', model.count_params())",
+    "loss_reduction_none": LOSS + "\nimport tensorflow as tf\n"
+                           "print('loss:', float(MSELoss(scale=1)(tf.zeros((2, 4)), "
+                           "tf.ones((2, 4)))))",
+    "keras3_reduction": "import keras\nprint(keras.losses.Reduction)",
+    "fit_with_MSELoss_scale_1_on_2_replicas":
+        AUTOENCODER + LOSS + TRAIN_AND_INFER % "print('trained')",
+    "inference": AUTOENCODER + LOSS + TRAIN_AND_INFER % INFERENCE,
+    "tfds_load_try_gcs":
+        "import tensorflow_datasets as tfds\n"
+        "ds = tfds.load('mnist', split='train', try_gcs=True, as_supervised=True,\n"
+        "               data_dir=__import__('tempfile').mkdtemp())\nprint('loaded')",
+}
+TIMEOUT_SECONDS = {"tfds_load_try_gcs": 30}  # offline it does not fail by itself
+DEFAULT_TIMEOUT = 300
+
+
+def run_listing(code, timeout):
+    """Exit status (None on timeout), last output line and seconds of `code` in a fresh Python."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"still running after {timeout} s; stopped", timeout
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return done.returncode, (lines[-1] if lines else ""), round(time.monotonic() - start, 1)
+
+
+def requirements():
+    """What the article's two pip packages declare, and what tfds imports undeclared."""
+    def requires(name):
+        return [r.split(";")[0].strip() for r in importlib.metadata.requires(name) or []]
+
+    import importlib.util
+    tf_requires, tfds_requires = requires("tensorflow"), requires("tensorflow-datasets")
+    tfds_root = os.path.dirname(importlib.util.find_spec("tensorflow_datasets").origin)
+    importers = []
+    for folder, _, files in os.walk(tfds_root):
+        for name in files:
+            if name.endswith(".py") and "_test" not in name:
+                path = os.path.join(folder, name)
+                with open(path, errors="replace") as handle:
+                    if "import importlib_resources" in handle.read():
+                        importers.append(os.path.relpath(path, tfds_root))
+    return {
+        "tensorflow_declares_matplotlib": any(r.lower().startswith("matplotlib")
+                                              for r in tf_requires),
+        "tensorflow_datasets_declares_matplotlib": any(r.lower().startswith("matplotlib")
+                                                       for r in tfds_requires),
+        "tensorflow_datasets_declares_importlib_resources": any(
+            r.lower().replace("-", "_").startswith("importlib_resources")
+            for r in tfds_requires),
+        "tensorflow_datasets_files_importing_importlib_resources": sorted(importers),
+        "tensorflow_datasets_version": importlib.metadata.version("tensorflow-datasets"),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True, help="where the record goes")
+    parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
+                        help="run only these listings")
+    args = parser.parse_args(argv)
+    import keras
+    import tensorflow as tf
+
+    results = {}
+    for name in args.only or LISTINGS:
+        status, last, seconds = run_listing(LISTINGS[name],
+                                            TIMEOUT_SECONDS.get(name, DEFAULT_TIMEOUT))
+        results[name] = {"exit_status": status, "last_line": last, "seconds": seconds}
+        print(f"{name}: exit {status}, {seconds} s: {last}", flush=True)
+    record = {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
+              "python": platform.python_version(), "requirements": requirements(),
+              "listings": results, "code": {name: LISTINGS[name] for name in results},
+              "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump(record, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
