@@ -120,6 +120,8 @@ def _run_row(label, record, extra=()):
 
 
 LB = "large_batch/{}/tpu_rehearsal.json"
+QUICK_START_RECORD = "quick_start/cpu.json"
+QUICK_START_LOG = QUOTED / "quick_start" / "train_cpu.log"
 MATMUL = "benchmarks/matmul_cpu.json"
 MATMUL16 = "benchmarks/matmul_cpu_bfloat16.json"
 MATMUL_TPU = "benchmarks/matmul_tpu_rehearsal.json"
@@ -148,8 +150,8 @@ QUOTES = [
     _large_batch_row("| `... --rehearse 8 --lr-scaling linear`", LB.format("linear_lr")),
     _large_batch_row("| `... --rehearse 8 --steps-per-epoch 468`", LB.format("fixed_steps")),
     _large_batch_row("| `python train_cpu.py` (batch 128), for reference", "cpu.json"),
-    Quote("README.md", "468/468 - 4s - ... - loss: {loss} - val_loss: {val}",
-          {"loss": _loss("cpu.json"), "val": _val("cpu.json")}),
+    Quote("README.md", "- loss: {loss} - val_loss: {val}\n[INFO] evaluating the model...",
+          {"loss": _loss(QUICK_START_RECORD), "val": _val(QUICK_START_RECORD)}),
     Quote("README.md", "gave a naive {naive} s and a measured median of {median} s",
           {"naive": Figure(MATMUL, ("naive_seconds",), "{:.2f}"),
            "median": Figure(MATMUL, ("seconds", "median"), "{:.3f}")}),
@@ -190,6 +192,22 @@ def _pipeline_row(label, pipeline):
         "ratio": Figure(PIPE_IN, ("speedup_over_article_style", pipeline), "{:.1f}")})
 
 
+def _training_row(label, setup):
+    return Quote("docs/data-and-tfrecords.md", label + " | {trials} | {median} | {ratio}x |", {
+        "trials": Computed(PIPE_TRAIN, lambda r: ", ".join(f"{s:.2f}" for s in r["seconds"][setup])),
+        "median": Figure(PIPE_TRAIN, ("median_seconds", setup), "{:.2f}"),
+        "ratio": Figure(PIPE_TRAIN, ("speedup_over_article_style", setup), "{:.2f}"),
+        "spe": Figure(PIPE_TRAIN, ("steps_per_execution",))})
+
+
+def _epochs_row(doc, label, record):
+    """A row of a run's epochs: val_loss after each, seconds of each."""
+    figures = {f"v{i}": _val(record, i) for i in range(5)}
+    figures["seconds"] = Computed(record, lambda r: ", ".join(f"{s:.2f}" for s in r["epoch_seconds"]))
+    figures["data"] = Figure(record, ("data_source",))
+    return Quote(doc, label + " | {data} | {v0}, {v1}, {v2}, {v3}, {v4} | {seconds} |", figures)
+
+
 QUOTES += [
     Quote("README.md", "delivered {a} images/s, the TFRecord reader {t} and the in-memory "
           "pipeline {m}", {"a": Figure(PIPE_IN, ("article_style",), "{:,.0f}"),
@@ -211,6 +229,44 @@ QUOTES += [
     _pipeline_row("| TFRecords (`--data-source tfrecord`)", "tfrecord"),
     _pipeline_row("| in memory (`get_data`, what `tfds` and `sample` use)", "in_memory"),
     _pipeline_row("| article-style with tfds' own in-memory cache", "article_style_tfds_cache"),
+    _training_row("| article-style pipeline", "article-style"),
+    _training_row("| efficient pipeline (`get_data`)", "efficient pipeline"),
+    _training_row("| efficient pipeline + {spe} steps per execution (`train_cpu.py`)",
+                  "train_cpu.py"),
+    _epochs_row("docs/data-and-tfrecords.md", "| `--data-source tfrecord`", TFR.format("tfrecord")),
+    _epochs_row("docs/data-and-tfrecords.md", "| `--data-source tfds`", TFR.format("tfds")),
+    # docs/distributed-training.md
+    Quote("docs/distributed-training.md",
+          "trained 5 epochs of {steps} steps of {batch} images ({workers} workers, one replica "
+          "each) to val_loss {v0}, {v1}, {v2}, {v3}, {v4}, in {first} s for the first epoch "
+          "and {later} s for each later one on average", {
+              "steps": Figure(MW, ("steps_per_epoch",)),
+              "batch": Figure(MW, ("global_batch_size",)),
+              "workers": Figure(MW, ("workers",)),
+              **{f"v{i}": _val(MW, i) for i in range(5)},
+              "first": Figure(MW, ("epoch_seconds", 0), "{:.1f}"),
+              "later": Figure(MW, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
+    Quote("docs/distributed-training.md",
+          "in one process (Table 1's `gpu_rehearsal`, on the AMD machine) reached "
+          "{v0}, {v1}, {v2}, {v3}, {v4}", {f"v{i}": _val("gpu_rehearsal.json", i)
+                                           for i in range(5)}),
+    # docs/fault-tolerance-and-tensorboard.md
+    Quote("docs/fault-tolerance-and-tensorboard.md",
+          "`resumed_from_epoch` is {resumed}; the record holds {n} epochs of losses (val_loss "
+          "{v0}, {v1}, {v2}, {v3}) and `epoch_seconds` for the {ran} epochs this process ran "
+          "({s0} and {s1} s)", {
+              "resumed": Figure(RESUMED, ("resumed_from_epoch",)),
+              "n": Computed(RESUMED, lambda r: len(r["val_loss"])),
+              **{f"v{i}": _val(RESUMED, i) for i in range(4)},
+              "ran": Computed(RESUMED, lambda r: len(r["epoch_seconds"])),
+              "s0": Figure(RESUMED, ("epoch_seconds", 0), "{:.1f}"),
+              "s1": Figure(RESUMED, ("epoch_seconds", 1), "{:.1f}")}),
+    Quote("docs/data-and-tfrecords.md", "Both records count {t} training and {v} validation", {
+        "t": Figure(TFR.format("tfrecord"), ("train_images",), "{:,}"),
+        "v": Figure(TFR.format("tfrecord"), ("validation_images",), "{:,}")}),
+    Quote("docs/data-and-tfrecords.md", "Both records count {t} training and {v} validation", {
+        "t": Figure(TFR.format("tfds"), ("train_images",), "{:,}"),
+        "v": Figure(TFR.format("tfds"), ("validation_images",), "{:,}")}),
     Quote("docs/data-and-tfrecords.md", "load average {start} at the start, {end} at the end", {
         "start": Figure(PIPE_IN, ("load_average_1min", "start"), "{:.1f}"),
         "end": Figure(PIPE_IN, ("load_average_1min", "end"), "{:.1f}")}),
@@ -242,12 +298,23 @@ def test_quoted_figures_match_their_records():
 
 def test_a_changed_figure_is_reported():
     texts = documents()
-    quote = next(q for q in QUOTES if q.text.startswith("468/468"))
+    quote = next(q for q in QUOTES if q.text.startswith("- loss: {loss}"))
     expected = quote.render()
     changed = expected.replace(quote.figures["val"].value(), "0.0099")
     assert changed != expected
     texts[quote.doc] = texts[quote.doc].replace(expected, changed)
     assert len(quote_mismatches(texts, [quote])) == 1
+
+
+def test_the_expected_output_is_a_real_run():
+    """The README's output block is lines of the committed log of `python train_cpu.py`."""
+    text = README.read_text()
+    block = text.split("```\n[INFO] number of accelerators", 1)[1].split("```", 1)[0]
+    shown = ("[INFO] number of accelerators" + block).splitlines()
+    log = QUICK_START_LOG.read_text().splitlines()
+    assert [line for line in shown if line != "..." and line not in log] == []
+    with open(QUOTED / QUICK_START_RECORD) as handle:
+        assert json.load(handle)["command"] == ["train_cpu.py"]  # the quick start's command
 
 
 # --- Table 1 ----------------------------------------------------------------------

@@ -5,7 +5,9 @@
 
 Each listing is the article's code (set-up, the three matmul timings, the
 TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
-inference lines, tfds.load with try_gcs) run by the Python that runs this
+inference lines, tfds.load with try_gcs; and one SGD step with MSELoss(scale=1)
+on 2 replicas against 1 device, under Keras 3 and under tf_keras with
+TF_USE_LEGACY_KERAS=1) run by the Python that runs this
 script, so the record says which TensorFlow and Keras it was. For each: the
 exit status, the last line printed (the error, if any) and the seconds taken.
 The README's listings table quotes these records.
@@ -15,6 +17,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -112,6 +115,30 @@ predIm = model.predict(testIm, verbose=0)
 image = array_to_img(predIm[0])
 print("inference:", predIm.shape, image.size)
 '''
+# one SGD step with the article's MSELoss(scale=1) on 2 replicas against 1 device:
+# how many times larger the update is (1.0 where Keras divides by the replicas)
+UPDATE_RATIO = LOSS + '''
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+def update(strategy):
+    with strategy.scope():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.build((None, 4))
+        model.compile(loss=MSELoss(scale=1), optimizer=tf.keras.optimizers.SGD(0.1))
+    before = [w.numpy() for w in model.weights]
+    x = np.random.default_rng(1).random((8, 4)).astype("float32")
+    model.fit(x, x.sum(1, keepdims=True), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    return sum(float(np.abs(w.numpy() - b).sum()) for w, b in zip(model.weights, before))
+
+one = update(tf.distribute.OneDeviceStrategy("/cpu:0"))
+two = update(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+print(f"tf.keras from {tf.keras.Model.__module__.split('.')[0]}: the update on 2 replicas is "
+      f"{two / one:.3f} times the update on 1 device")
+'''
 LISTINGS = {
     "matmul_cpu": MATMUL % ".2f",
     "matmul_gpu": MATMUL % ".6f",
@@ -124,8 +151,10 @@ LISTINGS = {
         "from tensorflow.tpu.experimental import initialize_tpu_system\nprint('imported')",
     "import_array_to_img":
         "from tensorflow.keras.preprocessing.image import array_to_img\nprint('imported')",
-    "autoencoder": AUTOENCODER + "\nmodel = AutoEncoder()\nmodel.build((None, 28, 28, 1))\n"
-                   "print('weights:', model.count_params())",
+    # called once on a batch, so that the decoder's layers are built too
+    "autoencoder": AUTOENCODER + "\nimport tensorflow as tf\nmodel = AutoEncoder()\n"
+                   "print('output:', tuple(model(tf.zeros((1, 28, 28, 1))).shape), "
+                   "'weights:', model.count_params())",
     "loss_reduction_none": LOSS + "\nimport tensorflow as tf\n"
                            "print('loss:', float(MSELoss(scale=1)(tf.zeros((2, 4)), "
                            "tf.ones((2, 4)))))",
@@ -133,25 +162,38 @@ LISTINGS = {
     "fit_with_MSELoss_scale_1_on_2_replicas":
         AUTOENCODER + LOSS + TRAIN_AND_INFER % "print('trained')",
     "inference": AUTOENCODER + LOSS + TRAIN_AND_INFER % INFERENCE,
+    "MSELoss_scale_1_update_on_2_replicas": UPDATE_RATIO,
+    "MSELoss_scale_1_update_on_2_replicas_tf_keras": UPDATE_RATIO,
     "tfds_load_try_gcs":
         "import tensorflow_datasets as tfds\n"
         "ds = tfds.load('mnist', split='train', try_gcs=True, as_supervised=True,\n"
         "               data_dir=__import__('tempfile').mkdtemp())\nprint('loaded')",
 }
 TIMEOUT_SECONDS = {"tfds_load_try_gcs": 30}  # offline it does not fail by itself
+# tf.keras 2 instead of Keras 3: the tf_keras package, switched on by this variable
+LEGACY_KERAS = {"MSELoss_scale_1_update_on_2_replicas_tf_keras"}
 DEFAULT_TIMEOUT = 300
 
 
-def run_listing(code, timeout):
+def run_listing(code, timeout, legacy_keras=False, tf_keras_path=None):
     """Exit status (None on timeout), last output line and seconds of `code` in a fresh Python."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if legacy_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        if tf_keras_path:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [tf_keras_path,
+                                                              env.get("PYTHONPATH")]))
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None, f"still running after {timeout} s; stopped", timeout
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    # what the listing printed when it ran, its error when it failed; not TensorFlow's
+    # C++ log lines ("I0000 00:00:...")
+    text = done.stdout if done.returncode == 0 and done.stdout.strip() else done.stderr
+    lines = [line for line in text.splitlines()
+             if line.strip() and not re.match(r"[IWEF]\d{4} ", line)]
     return done.returncode, (lines[-1] if lines else ""), round(time.monotonic() - start, 1)
 
 
@@ -189,16 +231,23 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where the record goes")
     parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
-                        help="run only these listings")
+                        metavar="NAME",
+                        help="run only these listings: " + ", ".join(LISTINGS))
+    parser.add_argument("--tf-keras-path", default=None,
+                        help="a folder holding the tf_keras package, if it is not installed "
+                             "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
     import keras
     import tensorflow as tf
 
     results = {}
     for name in args.only or LISTINGS:
+        legacy = name in LEGACY_KERAS
         status, last, seconds = run_listing(LISTINGS[name],
-                                            TIMEOUT_SECONDS.get(name, DEFAULT_TIMEOUT))
-        results[name] = {"exit_status": status, "last_line": last, "seconds": seconds}
+                                            TIMEOUT_SECONDS.get(name, DEFAULT_TIMEOUT),
+                                            legacy, args.tf_keras_path)
+        results[name] = {"exit_status": status, "last_line": last, "seconds": seconds,
+                         "TF_USE_LEGACY_KERAS": "1" if legacy else None}
         print(f"{name}: exit {status}, {seconds} s: {last}", flush=True)
     record = {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
               "python": platform.python_version(), "requirements": requirements(),
