@@ -122,7 +122,7 @@ def run_label(record):
     lines = [device, f"batch {record['global_batch_size']:,}",
              f"{record['steps_per_epoch']} steps"]
     if rate is not None:
-        lines.append(f"lr {rate:g}" + (f" ({scaling})" if scaling != "none" else ""))
+        lines.append(f"lr {rate:.2g}" + (f" ({scaling})" if scaling != "none" else ""))
     return lines
 
 
