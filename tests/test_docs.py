@@ -131,6 +131,7 @@ PIPE_TRAIN = "benchmarks/pipeline_training.json"
 TFR = "tfrecord_training/{}/cpu.json"
 MW = "multi_worker/gpu_rehearsal.json"
 RESUMED = "resume/cpu.json"
+INTEL = "machines/intel_xeon.json"
 
 
 def _large_batch_row(label, record):
@@ -208,6 +209,68 @@ def _epochs_row(doc, label, record):
     return Quote(doc, label + " | {data} | {v0}, {v1}, {v2}, {v3}, {v4} | {seconds} |", figures)
 
 
+LISTINGS = ("listings/tf221.json", "listings/tf220.json")
+
+
+def _listing(record, name, pattern=None):
+    """A listing's last line in `record` (the group of `pattern` in it, if given)."""
+    def line(r):
+        text = r["listings"][name]["last_line"]
+        return re.search(pattern, text)[1] if pattern else text
+    return Computed(record, line)
+
+
+def _weights(record):
+    return int(re.search(r"weights: (\d+)", record["listings"]["autoencoder"]["last_line"])[1])
+
+
+def _listing_quotes(record):
+    """The README's listings table, its cells filled from one version's record."""
+    return [
+        Quote("README.md", "| the TPU matmul timing, no TPU | `{error}` |",
+              {"error": _listing(record, "matmul_tpu")}),
+        Quote("README.md", "| `from tensorflow.distribute.cluster_resolver import "
+              "TPUClusterResolver` | `{error}` |",
+              {"error": _listing(record, "import_TPUClusterResolver")}),
+        Quote("README.md", "| `from tensorflow.distribute import TPUStrategy` | `{error}` |",
+              {"error": _listing(record, "import_TPUStrategy", r"^(.*?)(?: \(/.*\))?$")}),
+        Quote("README.md", "works: output {shape}, {weights} weights", {
+            "shape": _listing(record, "autoencoder", r"output: (\(.*?\))"),
+            "weights": Computed(record, _weights, "{:,}")}),
+        Quote("README.md", "moves the weights {keras3} times as far as on one device "
+              "({legacy} with `tf_keras`", {
+                  "keras3": _listing(record, "MSELoss_scale_1_update_on_2_replicas",
+                                     r"is ([\d.]+) times"),
+                  "legacy": _listing(record, "MSELoss_scale_1_update_on_2_replicas_tf_keras",
+                                     r"is ([\d.]+) times")}),
+        Quote("README.md", "offline | {line} |", {"line": _listing(record, "tfds_load_try_gcs")}),
+    ]
+
+
+# what each listing does on TensorFlow 2.20 and 2.21: its exit status (None: stopped)
+LISTING_EXITS = {"matmul_cpu": 0, "matmul_gpu": 0, "matmul_tpu": 1,
+                 "import_TPUClusterResolver": 1, "import_TPUStrategy": 1,
+                 "import_connect_and_initialize": 0, "import_array_to_img": 0,
+                 "autoencoder": 0, "loss_reduction_none": 0, "keras3_reduction": 1,
+                 "fit_with_MSELoss_scale_1_on_2_replicas": 0, "inference": 0,
+                 "MSELoss_scale_1_update_on_2_replicas": 0,
+                 "MSELoss_scale_1_update_on_2_replicas_tf_keras": 0, "tfds_load_try_gcs": None}
+
+
+def test_the_listings_did_what_the_readme_says_on_both_versions():
+    for record in LISTINGS:
+        found = _load(record)
+        assert {name: result["exit_status"] for name, result in found["listings"].items()} \
+            == LISTING_EXITS, record
+        needs = found["requirements"]
+        assert not needs["tensorflow_requires_matplotlib"]
+        assert not needs["tensorflow_datasets_requires_matplotlib"]
+        assert not needs["tensorflow_datasets_requires_importlib_resources"]
+        assert needs["tensorflow_datasets_files_importing_importlib_resources"]
+    assert [_load(record)["tensorflow_version"][:4] for record in LISTINGS] == ["2.21", "2.20"]
+
+
+QUOTES += _listing_quotes(LISTINGS[0]) + _listing_quotes(LISTINGS[1])
 QUOTES += [
     Quote("README.md", "delivered {a} images/s, the TFRecord reader {t} and the in-memory "
           "pipeline {m}", {"a": Figure(PIPE_IN, ("article_style",), "{:,.0f}"),
@@ -235,6 +298,22 @@ QUOTES += [
                   "train_cpu.py"),
     _epochs_row("docs/data-and-tfrecords.md", "| `--data-source tfrecord`", TFR.format("tfrecord")),
     _epochs_row("docs/data-and-tfrecords.md", "| `--data-source tfds`", TFR.format("tfds")),
+    # docs/machine.md
+    Quote("docs/machine.md", "| CPU (`/proc/cpuinfo` model name) | `{amd}` | `{intel}` (family "
+          "{family}, model {model};", {
+              "amd": Figure("cpu.json", ("machine", "cpu_model")),
+              "intel": Figure(INTEL, ("cpu_model",)),
+              "family": Figure(INTEL, ("cpu_family",)), "model": Figure(INTEL, ("model",))}),
+    Quote("docs/machine.md", "| CPUs usable | {amd} | {intel} ({cores} cores, {ghz} GHz", {
+        "amd": Figure("cpu.json", ("machine", "cpu_count")),
+        "intel": Figure(INTEL, ("vcpus_usable",)), "cores": Figure(INTEL, ("cores",)),
+        "ghz": Computed(INTEL, lambda r: r["cpu_mhz_reported"] / 1000, "{:.1f}")}),
+    Quote("docs/machine.md", "| memory | not recorded | {gib} GiB |",
+          {"gib": Figure(INTEL, ("memory_gib",))}),
+    Quote("docs/machine.md", "Linux, Python {py}, TensorFlow {tf}, Keras {keras} |", {
+        "py": Figure("cpu.json", ("machine", "python")),
+        "tf": Figure("cpu.json", ("tensorflow_version",)),
+        "keras": Figure("cpu.json", ("keras_version",))}),
     # docs/distributed-training.md
     Quote("docs/distributed-training.md",
           "trained 5 epochs of {steps} steps of {batch} images ({workers} workers, one replica "

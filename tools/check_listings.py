@@ -198,12 +198,27 @@ def run_listing(code, timeout, legacy_keras=False, tf_keras_path=None):
 
 
 def requirements():
-    """What the article's two pip packages declare, and what tfds imports undeclared."""
-    def requires(name):
-        return [r.split(";")[0].strip() for r in importlib.metadata.requires(name) or []]
+    """What the article's two pip packages require here, and what tfds imports regardless.
 
+    A requirement counts only where it applies to this Python with no extra
+    (tensorflow-datasets lists matplotlib under extras, importlib_resources
+    for Python < 3.9 only).
+    """
     import importlib.util
-    tf_requires, tfds_requires = requires("tensorflow"), requires("tensorflow-datasets")
+
+    from packaging.requirements import Requirement
+
+    def requires(name):
+        applying, listed = [], importlib.metadata.requires(name) or []
+        for line in listed:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                applying.append(requirement.name.lower().replace("-", "_"))
+        return applying, [line for line in listed
+                          if any(key in line for key in ("matplotlib", "importlib_resources"))]
+
+    tf_requires, tf_lines = requires("tensorflow")
+    tfds_requires, tfds_lines = requires("tensorflow-datasets")
     tfds_root = os.path.dirname(importlib.util.find_spec("tensorflow_datasets").origin)
     importers = []
     for folder, _, files in os.walk(tfds_root):
@@ -214,13 +229,11 @@ def requirements():
                     if "import importlib_resources" in handle.read():
                         importers.append(os.path.relpath(path, tfds_root))
     return {
-        "tensorflow_declares_matplotlib": any(r.lower().startswith("matplotlib")
-                                              for r in tf_requires),
-        "tensorflow_datasets_declares_matplotlib": any(r.lower().startswith("matplotlib")
-                                                       for r in tfds_requires),
-        "tensorflow_datasets_declares_importlib_resources": any(
-            r.lower().replace("-", "_").startswith("importlib_resources")
-            for r in tfds_requires),
+        "tensorflow_requires_matplotlib": "matplotlib" in tf_requires,
+        "tensorflow_datasets_requires_matplotlib": "matplotlib" in tfds_requires,
+        "tensorflow_datasets_requires_importlib_resources":
+            "importlib_resources" in tfds_requires,
+        "declared_lines": {"tensorflow": tf_lines, "tensorflow-datasets": tfds_lines},
         "tensorflow_datasets_files_importing_importlib_resources": sorted(importers),
         "tensorflow_datasets_version": importlib.metadata.version("tensorflow-datasets"),
     }
