@@ -244,6 +244,13 @@ def _listing_quotes(record):
                   "legacy": _listing(record, "MSELoss_scale_1_update_on_2_replicas_tf_keras",
                                      r"is ([\d.]+) times")}),
         Quote("README.md", "offline | {line} |", {"line": _listing(record, "tfds_load_try_gcs")}),
+        Quote("docs/distributed-training.md", "moves the weights {legacy} times as far as on "
+              "one device under `tf_keras` with `TF_USE_LEGACY_KERAS=1`, and {keras3} times "
+              "under Keras 3", {
+                  "keras3": _listing(record, "MSELoss_scale_1_update_on_2_replicas",
+                                     r"is ([\d.]+) times"),
+                  "legacy": _listing(record, "MSELoss_scale_1_update_on_2_replicas_tf_keras",
+                                     r"is ([\d.]+) times")}),
     ]
 
 
