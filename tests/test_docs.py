@@ -98,6 +98,15 @@ class Quote:
                                    for name, figure in self.figures.items()})
 
 
+def _each(record, path, fmt, sep=", "):
+    """Every value of a list in a record, formatted and joined: '4.84, 4.28, ...'."""
+    def joined(found):
+        for key in path:
+            found = found[key]
+        return sep.join(fmt.format(value) for value in found)
+    return Computed(record, joined)
+
+
 def _giga(record, key):
     return Computed(record, lambda r: r[key] / 1e9, "{:.2f}")
 
@@ -108,15 +117,6 @@ def _val(record, epoch=-1):
 
 def _loss(record, epoch=-1):
     return Figure(record, ("loss", epoch), "{:.4f}")
-
-
-def _run_row(label, record, extra=()):
-    """A table row of a training run: val_loss per epoch, last loss, later epochs' seconds."""
-    figures = {f"v{i}": _val(record, i) for i in range(5)}
-    figures.update(loss=_loss(record),
-                   later=Figure(record, ("epoch_seconds",), "{:.1f}", "mean_after_first"))
-    return Quote(*extra, text=label + " | {v0}, {v1}, {v2}, {v3}, {v4} | {loss} | {later} |",
-                 figures=figures)
 
 
 LB = "large_batch/{}/tpu_rehearsal.json"
@@ -161,13 +161,13 @@ QUOTES = [
 ]
 
 
-
-def _matmul_row(label, record, runs="runs"):
+def _matmul_row(label, record):
     """A row of the matmul table: naive, median (min to max), TFLOP/s, % of peak, GB/s."""
     def peak_share(r):
-        return f"{100 * r['tflops'] / r['peak_tflops']:.0f}%" if r["peak_tflops"] else "none printed"
+        return f"{100 * r['tflops'] / r['peak_tflops']:.0f}%" if r["peak_tflops"] else \
+            "none printed"
     return Quote("docs/hardware-and-benchmarks.md",
-                 label + " | {naive} s | {median} s of {n} " + runs + " ({low} to {high}) | "
+                 label + " | {naive} s | {median} s of {n} runs ({low} to {high}) | "
                  "{tflops} | {share} | {gbs} |", {
                      "naive": Figure(record, ("naive_seconds",), "{:.2f}"),
                      "median": Figure(record, ("seconds", "median"), "{:.3f}"),
@@ -181,21 +181,21 @@ def _matmul_row(label, record, runs="runs"):
 
 def _lever_row(label, setup):
     return Quote("docs/hardware-and-benchmarks.md", label + " | {trials} | {median} | {ratio}x |", {
-        "trials": Computed(LEVERS, lambda r: ", ".join(f"{s:.2f}" for s in r["seconds"][setup])),
+        "trials": _each(LEVERS, ("seconds", setup), "{:.2f}"),
         "median": Figure(LEVERS, ("median_seconds", setup), "{:.2f}"),
         "ratio": Figure(LEVERS, ("speedup_over_float32", setup), "{:.2f}")})
 
 
 def _pipeline_row(label, pipeline):
     return Quote("docs/data-and-tfrecords.md", label + " | {trials} | {median} | {ratio}x |", {
-        "trials": Computed(PIPE_IN, lambda r: " / ".join(f"{s:,.0f}" for s in r["trials"][pipeline])),
+        "trials": _each(PIPE_IN, ("trials", pipeline), "{:,.0f}", " / "),
         "median": Figure(PIPE_IN, (pipeline,), "{:,.0f}"),
         "ratio": Figure(PIPE_IN, ("speedup_over_article_style", pipeline), "{:.1f}")})
 
 
 def _training_row(label, setup):
     return Quote("docs/data-and-tfrecords.md", label + " | {trials} | {median} | {ratio}x |", {
-        "trials": Computed(PIPE_TRAIN, lambda r: ", ".join(f"{s:.2f}" for s in r["seconds"][setup])),
+        "trials": _each(PIPE_TRAIN, ("seconds", setup), "{:.2f}"),
         "median": Figure(PIPE_TRAIN, ("median_seconds", setup), "{:.2f}"),
         "ratio": Figure(PIPE_TRAIN, ("speedup_over_article_style", setup), "{:.2f}"),
         "spe": Figure(PIPE_TRAIN, ("steps_per_execution",))})
@@ -204,7 +204,7 @@ def _training_row(label, setup):
 def _epochs_row(doc, label, record):
     """A row of a run's epochs: val_loss after each, seconds of each."""
     figures = {f"v{i}": _val(record, i) for i in range(5)}
-    figures["seconds"] = Computed(record, lambda r: ", ".join(f"{s:.2f}" for s in r["epoch_seconds"]))
+    figures["seconds"] = _each(record, ("epoch_seconds",), "{:.2f}")
     figures["data"] = Figure(record, ("data_source",))
     return Quote(doc, label + " | {data} | {v0}, {v1}, {v2}, {v3}, {v4} | {seconds} |", figures)
 

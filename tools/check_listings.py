@@ -1,7 +1,8 @@
 """Run the article's listings as printed, each in a fresh interpreter, and record what happens.
 
     python tools/check_listings.py --json outputs/quoted/listings/tf221.json
-    /path/to/tf2.20/venv/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
+    # the same with TensorFlow 2.20's Python
+    VENV220/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
 
 Each listing is the article's code (set-up, the three matmul timings, the
 TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
