@@ -8,11 +8,14 @@ Reads every run record (cpu.json, gpu.json, tpu.json, *_rehearsal.json) in
 the folders given (default: outputs), prints Table 1 as Markdown and writes
 it to comparison.md in --output-dir (default: the first folder), and
 draws comparison.png: the same 8 validation digits reconstructed by every
-model found beside its record, with a bar chart of seconds per epoch. Runs
+model found beside its record, with a bar chart of seconds per epoch. Rows
 are named by their file (cpu, tpu_rehearsal); where two folders hold runs of
-the same name, by folder and file (fixed_steps/tpu_rehearsal). The first
+the same name, by folder and file (fixed_steps/tpu_rehearsal). The figure
+labels each run by what it is (device, batch, steps, learning rate). The first
 epoch is reported apart from the rest, since it includes tracing (and on a
-TPU, compilation). A file that is not a run record is named and skipped.
+TPU, compilation). Epoch seconds include the validation pass; ms/step and
+images/s count the training steps alone. A file that is not a run record is
+named and skipped.
 """
 import argparse
 import json
@@ -23,18 +26,25 @@ import sys
 from pyimagesearch import cli, config
 from pyimagesearch.errors import UserError
 
+LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
+FIGURE_DPI = 100
+
 REQUIRED = ("device", "replicas", "global_batch_size", "steps_per_epoch",
             "epoch_seconds", "loss", "val_loss", "data_source")
-COLUMNS = ("run", "replicas", "global batch", "steps/epoch", "epoch 1 (s)",
-           "later epochs (s)", "ms/step", "images/s", "loss", "val_loss", "data",
-           "rehearsal")
-# the article's own figures, from its logs, for reference: Colab CPU, a Tesla T4,
-# and 8 TPU cores; the article gives no images/s
-ARTICLE_ROWS = [
-    ("article: CPU", 1, 128, 468, 65, 57, 122, None, "0.0015", "0.0014", "MNIST", "no"),
-    ("article: GPU (Tesla T4)", 1, 128, 468, 24, 4, 8, None, "0.0015", "0.0015", "MNIST", "no"),
-    ("article: TPU (8 cores)", 8, 1024, 58, 8, 2, 27, None, "0.0087", "0.0072", "MNIST", "no"),
-]
+COLUMNS = ("run", "replicas", "global batch", "steps/epoch", "epoch 1 (s, with val.)",
+           "later epochs (s, with val.)", "ms/step (training)", "images/s (training)",
+           "loss", "val_loss", "data", "rehearsal")
+# The article prints no table of figures: its Table 1 rows are rebuilt here from
+# its three training logs (Colab CPU, a Tesla T4, 8 TPU cores), per epoch as the
+# logs print them, in whole seconds and ms, by the rule used for our rows.
+ARTICLE_LOGS = {  # name: (replicas, global batch, steps, seconds, ms/step, loss, val_loss)
+    "article: CPU": (1, 128, 468, [65, 57, 56, 57, 57], [133, 122, 120, 122, 121],
+                     "0.0015", "0.0014"),
+    "article: GPU (Tesla T4)": (1, 128, 468, [24, 4, 4, 4, 4], [15, 8, 8, 8, 8],
+                                "0.0015", "0.0015"),
+    "article: TPU (8 cores)": (8, 1024, 58, [8, 2, 2, 2, 2], [60, 31, 30, 27, 27],
+                               "0.0087", "0.0072"),
+}
 
 
 def load_records(folder):
@@ -67,6 +77,18 @@ def later_mean(values):
     return statistics.mean(values[1:] or values)
 
 
+def article_rows():
+    """The article's Table 1 from its logs: epoch 1, then the mean of the later epochs.
+
+    Its logs print whole seconds and ms, so the means are rounded to whole
+    numbers too; they give no images/s.
+    """
+    return [(name, replicas, batch, steps, seconds[0], round(later_mean(seconds)),
+             round(later_mean(ms_per_step)), None, loss, val_loss, "MNIST", "no")
+            for name, (replicas, batch, steps, seconds, ms_per_step, loss, val_loss)
+            in ARTICLE_LOGS.items()]
+
+
 def table_row(stem, record):
     """One row of Table 1 from a run record."""
     seconds = record["epoch_seconds"]
@@ -90,20 +112,37 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def _wrap(name, width=14):
-    """Break a long run name at slashes and underscores so column titles do not overlap."""
-    lines = []
-    pieces = name.split("/")  # folder/file where names repeat
-    for index, piece in enumerate(pieces):
-        current = ""
-        for part in piece.split("_"):
-            if current and len(current) + len(part) + 1 > width:
-                lines.append(current + "_")
-                current = part
-            else:
-                current = f"{current}_{part}" if current else part
-        lines.append(current + ("/" if index < len(pieces) - 1 else ""))
-    return "\n".join(lines)
+def run_label(record):
+    """What a run is, in short lines for the figure: device, batch and steps, learning rate."""
+    device = record["device"].upper() + (" rehearsal" if record.get("rehearsal") else "")
+    if record.get("workers", 1) > 1:
+        device += f", {record['workers']} workers"
+    rate = record.get("learning_rate")
+    scaling = record.get("learning_rate_scaling", "none")
+    lines = [device, f"batch {record['global_batch_size']:,}",
+             f"{record['steps_per_epoch']} steps"]
+    if rate is not None:
+        lines.append(f"lr {rate:.2g}" + (f" ({scaling})" if scaling != "none" else ""))
+    return lines
+
+
+def _bar_label(record):
+    """run_label on two lines: the device, then batch, steps and learning rate."""
+    first, *rest = run_label(record)
+    return f"{first}\n{', '.join(rest)}"
+
+
+def machine_note(records):
+    """'all on one 2-core CPU (AMD EPYC)' when every run shares one CPU, else ''."""
+    machines = {(r.get("machine", {}).get("cpu_model"), r.get("machine", {}).get("cpu_count"))
+                for r in records}
+    on_cpu = all(r["device"] == "cpu" or r.get("rehearsal") for r in records)
+    if len(machines) != 1 or not on_cpu:
+        return ""
+    ((model, cores),) = machines
+    if model is None or cores is None:
+        return ""
+    return f"all on one {cores}-core CPU ({model})"
 
 
 def comparison_figure(runs, source):
@@ -132,14 +171,14 @@ def comparison_figure(runs, source):
     digits = figure_digits(resolved.images(config.VALIDATION_FLAG))
 
     columns = 1 + len(models)
-    figure = Figure(figsize=(1.6 * columns + 4, 1.6 * len(digits)), layout="constrained")
+    figure = Figure(figsize=(1.9 * columns + 5, 1.5 * len(digits) + 1.5), layout="constrained")
     grid = figure.add_gridspec(len(digits), columns + 3)
     for row, digit in enumerate(digits):
         axis = figure.add_subplot(grid[row, 0])
         axis.imshow(digit.squeeze(-1), cmap="gray", vmin=0, vmax=1)
         axis.set_axis_off()
         if row == 0:
-            axis.set_title("input", fontsize=9)
+            axis.set_title("input", fontsize=LABEL_POINTS)
     for column, (name, model) in enumerate(models.items(), start=1):
         predictions = np.asarray(model(digits, training=False))
         for row, prediction in enumerate(predictions):
@@ -147,8 +186,9 @@ def comparison_figure(runs, source):
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
             axis.set_axis_off()
             if row == 0:
-                axis.set_title(f"{_wrap(name)}\nval {records[name]['val_loss'][-1]:.4f}",
-                               fontsize=7)
+                lines = run_label(records[name]) + [
+                    f"val_loss {records[name]['val_loss'][-1]:.4f}"]
+                axis.set_title("\n".join(lines), fontsize=LABEL_POINTS)
     bars = figure.add_subplot(grid[:, columns:])
     stems = list(records)
     later = [later_mean(records[s]["epoch_seconds"]) for s in stems]
@@ -156,11 +196,16 @@ def comparison_figure(runs, source):
     positions = np.arange(len(stems))
     bars.barh(positions - 0.2, first, height=0.4, label="epoch 1")
     bars.barh(positions + 0.2, later, height=0.4, label="later epochs (mean)")
-    bars.set_yticks(positions, stems, fontsize=8)
+    bars.set_yticks(positions, [_bar_label(records[s]) for s in stems],
+                    fontsize=LABEL_POINTS)
     bars.invert_yaxis()
-    bars.set_xlabel("seconds per epoch")
-    bars.legend(fontsize=8)
-    figure.suptitle(f"reconstructions of {source} validation digits, and epoch times")
+    bars.set_xlabel("seconds per epoch (with validation)", fontsize=LABEL_POINTS)
+    bars.tick_params(axis="x", labelsize=LABEL_POINTS)
+    note = machine_note(records.values())
+    bars.set_title("epoch times" + (f", {note}" if note else ""), fontsize=LABEL_POINTS)
+    bars.legend(fontsize=LABEL_POINTS)
+    figure.suptitle(f"reconstructions of the same 8 {source} validation digits, "
+                    "and epoch times", fontsize=LABEL_POINTS + 3)
     return figure
 
 
@@ -208,8 +253,9 @@ def main(argv=None):
     rows = [table_row(name, record) for name, (_, _, record) in runs.items()]
     table = markdown_table(rows)
     if args.with_article:
-        table += "\n\nThe article's Table 1, for reference (its machines, full MNIST):\n\n"
-        table += markdown_table(ARTICLE_ROWS)
+        table += ("\n\nThe article's Table 1, rebuilt from its training logs, for reference "
+                  "(its machines, full MNIST):\n\n")
+        table += markdown_table(article_rows())
     print(table)
 
     from pyimagesearch.outputs import StagedOutputs
@@ -218,7 +264,7 @@ def main(argv=None):
         with open(staged.path("comparison.md"), "w") as handle:
             handle.write(table + "\n")
         figure = comparison_figure(runs, args.digits_from)
-        figure.savefig(staged.path("comparison.png"), format="png", dpi=80)
+        figure.savefig(staged.path("comparison.png"), format="png", dpi=FIGURE_DPI)
     print(f"[INFO] wrote {os.path.join(output_dir, 'comparison.md')} and comparison.png")
 
 

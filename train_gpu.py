@@ -5,7 +5,7 @@
     TF_CONFIG='{"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
                "task": {"type": "worker", "index": 0}}' python train_gpu.py
                                          # one worker of two machines (index 1 on host-b)
-    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
+    python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
                                          # that cluster rehearsed on this machine
 
 One GPU is the article's case; with several, MirroredStrategy keeps a copy of

@@ -115,7 +115,7 @@ def build_parser(device, description):
     parser.add_argument("--data-source", choices=SOURCES, default="auto",
                         help="where MNIST comes from (default %(default)s: tfds if "
                              "prepared or downloadable, else the 5,000-digit sample; "
-                             "tfrecord: a folder write_tfrecords.py wrote)")
+                             "tfrecord: a folder tools/write_tfrecords.py wrote)")
     parser.add_argument("--data-dir", default=None,
                         help="tensorflow_datasets data dir (default: $TFDS_DATA_DIR, "
                              "else tfds' own default); with --data-source tfrecord, "

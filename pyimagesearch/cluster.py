@@ -1,7 +1,7 @@
 """More than one machine: read TF_CONFIG, and report a lost peer in one line.
 
 Every process of a cluster gets a `TF_CONFIG` environment variable, set by
-hand, by `launch_workers.py`, or by the platform (Vertex AI custom training,
+hand, by `tools/launch_workers.py`, or by the platform (Vertex AI custom training,
 Kubeflow's TFJob, a GKE job):
 
     {"cluster": {"worker": ["host-a:12345", "host-b:12345"]},

@@ -238,7 +238,7 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
     if tfds_prepared(data_name, data_dir):
         if is_stand_in(data_name, data_dir):
             return TfdsSource(f"{data_name} in {where} is a stand-in made by "
-                              "prepare_mnist.py --stand-in (the sample tiled to "
+                              "tools/prepare_mnist.py --stand-in (the sample tiled to "
                               "60,000 images): for timing, not for quality", data_dir,
                               stand_in=True, data_name=data_name)
         return TfdsSource(f"{data_name} is prepared in {where}", data_dir,
@@ -260,7 +260,7 @@ def _tfrecord_source(data_name, folder):
     """The TFRecord folder `folder` as a Source, after reading every shard once."""
     if folder is None:
         raise UserError("--data-source tfrecord needs --data-dir: the folder "
-                        "write_tfrecords.py wrote (local or gs://...)")
+                        "tools/write_tfrecords.py wrote (local or gs://...)")
     metadata = tfrecords.verify(folder)
     where = f"{folder.rstrip('/')}/{tfrecords.METADATA_NAME}"
     if metadata.get("dataset") != data_name:

@@ -185,14 +185,14 @@ def read_metadata(folder):
     try:
         if not tf.io.gfile.isdir(folder):
             raise UserError(f"TFRecord folder {folder} does not exist "
-                            "(write one with write_tfrecords.py)")
+                            "(write one with tools/write_tfrecords.py)")
         if not tf.io.gfile.exists(path):
             shards = tf.io.gfile.glob(join(folder, "*-of-*.tfrecord*"))
             raise UserError(
                 f"{path} is missing: " + (
                     f"{folder} has {len(shards)} shard files but no metadata, an "
-                    "unfinished write; run write_tfrecords.py again" if shards else
-                    f"{folder} holds no TFRecords; write them with write_tfrecords.py"))
+                    "unfinished write; run tools/write_tfrecords.py again" if shards else
+                    f"{folder} holds no TFRecords; write them with tools/write_tfrecords.py"))
         with tf.io.gfile.GFile(path, "r") as handle:
             text = handle.read()
     except tf.errors.OpError as error:
@@ -200,7 +200,7 @@ def read_metadata(folder):
     try:
         metadata = json.loads(text)
     except ValueError as error:
-        raise UserError(f"{path} is not valid JSON ({error}); run write_tfrecords.py "
+        raise UserError(f"{path} is not valid JSON ({error}); run tools/write_tfrecords.py "
                         "again") from error
     _check_metadata(path, metadata)
     return metadata
@@ -209,7 +209,7 @@ def read_metadata(folder):
 def _check_metadata(path, metadata):
     """Raise a UserError naming `path` unless `metadata` has the layout this reader knows."""
     def fail(problem):
-        raise UserError(f"{path}: {problem}; run write_tfrecords.py again")
+        raise UserError(f"{path}: {problem}; run tools/write_tfrecords.py again")
 
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         fail(f"not a {FORMAT} metadata file")
@@ -254,7 +254,7 @@ def split_files(folder, metadata, split):
 def describe(folder, metadata):
     """One sentence for the log and the run record: where, how many, from what, when."""
     origins = {"tfds": "MNIST read through tfds",
-               "stand-in": "a stand-in made by prepare_mnist.py --stand-in (the "
+               "stand-in": "a stand-in made by tools/prepare_mnist.py --stand-in (the "
                            "5,000-digit sample tiled to MNIST's size): for timing, "
                            "not for quality",
                "sample": "the 5,000-digit MNIST sample"}
@@ -306,13 +306,13 @@ def _verify_shard(path, count, size, shape, compression):
     try:
         if not tf.io.gfile.exists(path):
             raise UserError(f"{path} is missing ({METADATA_NAME} lists it); "
-                            "run write_tfrecords.py again")
+                            "run tools/write_tfrecords.py again")
         actual = tf.io.gfile.stat(path).length
     except tf.errors.OpError as error:
         raise UserError(f"cannot read {path}: {first_line(error)}") from error
     if size is not None and actual != size:
         raise UserError(f"{path} is {actual:,} bytes, {METADATA_NAME} says {size:,}: cut "
-                        "short or replaced; run write_tfrecords.py again")
+                        "short or replaced; run tools/write_tfrecords.py again")
     dataset = tf.data.TFRecordDataset(path, compression_type=compression)
     records = 0
     try:
@@ -326,16 +326,17 @@ def _verify_shard(path, count, size, shape, compression):
                     f"{path}: record {records + first:,} has shape "
                     f"{tuple(int(s) for s in shapes[first])} and "
                     f"{int(features['bytes'][first]):,} bytes of pixels, expected "
-                    f"{tuple(shape)} ({math.prod(shape):,} bytes); run write_tfrecords.py again")
+                    f"{tuple(shape)} ({math.prod(shape):,} bytes); run "
+                    "tools/write_tfrecords.py again")
             records += len(shapes)
     except tf.errors.OpError as error:
         # DataLossError (a cut or a checksum mismatch) or a record that is
         # not an Example with our features
         raise UserError(f"{path} is truncated or corrupt at or after record {records:,} "
-                        f"({_tf_message(error)}); run write_tfrecords.py again") from error
+                        f"({_tf_message(error)}); run tools/write_tfrecords.py again") from error
     if records != count:
         raise UserError(f"{path} holds {records:,} records, {METADATA_NAME} says "
-                        f"{count:,}; run write_tfrecords.py again")
+                        f"{count:,}; run tools/write_tfrecords.py again")
 
 
 # --- reading -----------------------------------------------------------------
@@ -359,7 +360,7 @@ def read_split(folder, split, metadata=None):
                 labels.append(features["label"].numpy())
     except tf.errors.OpError as error:
         raise UserError(f"cannot read {split} from {folder}: {_tf_message(error)} "
-                        "(python write_tfrecords.py can write it again)") from error
+                        "(python tools/write_tfrecords.py can write it again)") from error
     return np.concatenate(images), np.concatenate(labels)
 
 

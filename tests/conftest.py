@@ -1,4 +1,4 @@
-"""Test session set-up: four logical CPU devices, quiet TensorFlow, repo on sys.path.
+"""Test session set-up: four logical CPU devices, quiet TensorFlow, repo and tools/ on sys.path.
 
 TensorFlow fixes its devices when its runtime starts, so the split of the
 CPU into logical devices (used by the distribution tests) happens here,
@@ -11,6 +11,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# the tools are scripts, not a package: tests import them by name, as
+# `python tools/NAME.py` (and benchmark_levers importing benchmark_pipeline) does
+sys.path.insert(0, str(REPO / "tools"))
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -86,7 +86,7 @@ class Launch:
 
     def __init__(self, repo, workers, flags):
         self.process = subprocess.Popen(
-            [sys.executable, "launch_workers.py", "--workers", str(workers), "--",
+            [sys.executable, "tools/launch_workers.py", "--workers", str(workers), "--",
              "train_gpu.py", *flags], cwd=repo, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines, self.pids = [], {}

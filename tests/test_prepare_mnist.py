@@ -163,7 +163,7 @@ def test_a_wrong_file_from_the_command_line_is_one_line_and_exit_2(repo, tmp_pat
     source = _write_folder(tmp_path / "idx", contents)
     data_dir = tmp_path / "tfds"
     result = subprocess.run(
-        [sys.executable, "prepare_mnist.py", "--data-dir", str(data_dir), "--from-idx",
+        [sys.executable, "tools/prepare_mnist.py", "--data-dir", str(data_dir), "--from-idx",
          str(source)], cwd=repo, capture_output=True, text=True, timeout=120,
         env=_clean_env())
     assert result.returncode == 2, result.stderr
@@ -218,7 +218,7 @@ def test_prepare_mnist_refuses_a_prepared_data_dir(tmp_path, monkeypatch):
 def test_full_size_stand_in_from_the_command_line_prints_only_our_line(repo, tmp_path):
     # the whole script as a reader runs it, native log level untouched (about 10 s)
     result = subprocess.run(
-        [sys.executable, "prepare_mnist.py", "--data-dir", str(tmp_path), "--stand-in"],
+        [sys.executable, "tools/prepare_mnist.py", "--data-dir", str(tmp_path), "--stand-in"],
         cwd=repo, capture_output=True, text=True, timeout=300, env=_clean_env())
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""

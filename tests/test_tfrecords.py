@@ -351,7 +351,7 @@ def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, c
         assert figures[name] == pytest.approx(float(np.median(figures["trials"][name])))
         assert figures["speedup_over_article_style"][name] == pytest.approx(
             figures[name] / figures["article_style"])
-    assert figures["command"][:2] == ["benchmark_pipeline.py", "--data-dir"]
+    assert figures["command"][:2] == ["tools/benchmark_pipeline.py", "--data-dir"]
     assert "stand-in" in figures["tfrecord_data"]
     assert not list(tmp_path.glob("pyimagesearch-tfrecords-*"))  # temporary folder removed
     assert "tfrecord" in capsys.readouterr().out

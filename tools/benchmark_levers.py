@@ -1,7 +1,7 @@
 """What mixed precision and XLA give on this machine: epochs timed in one process.
 
-    python benchmark_levers.py                       # CPU: float32, bfloat16, XLA
-    python benchmark_levers.py --device gpu --batch-size 1024 --json gpu_1024.json
+    python tools/benchmark_levers.py                       # CPU: float32, bfloat16, XLA
+    python tools/benchmark_levers.py --device gpu --batch-size 1024 --json gpu_1024.json
 
 Each set-up trains the article's autoencoder on the same data, batch and
 optimizer with `train_cpu.py`'s pipeline (benchmark_pipeline.time_epoch), taking turns over `--trials`
@@ -19,10 +19,15 @@ left out unless asked for with --setups.
 """
 import argparse
 import json
+import pathlib
 import statistics
 import sys
 
-from pyimagesearch import cli, config
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli, config  # noqa: E402
 
 SETUPS = {"float32": ("float32", False), "mixed_bfloat16": ("mixed_bfloat16", False),
           "mixed_float16": ("mixed_float16", False), "xla": ("float32", True)}
@@ -46,14 +51,17 @@ def main(argv=None):
     parser.add_argument("--data-source", choices=("sample", "tfds"), default="sample",
                         help="the digits (default %(default)s: works offline)")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
         cli.check_output_file(args.json)
     setups = args.setups or DEFAULT_SETUPS[args.device]
     steps = args.steps or config.TRAIN_IMAGES // args.batch_size
 
-    from benchmark_pipeline import time_epoch
+    import tensorflow as tf
+    from benchmark_pipeline import time_epoch  # a sibling in tools/
     from pyimagesearch import data, strategy
+    from pyimagesearch.outputs import machine_info
     from pyimagesearch.plan import steps_per_execution
 
     chosen = strategy.get_strategy(args.device)
@@ -83,7 +91,8 @@ def main(argv=None):
                        "seconds": seconds, "median_seconds": medians,
                        "speedup_over_float32": {name: baseline / value for name, value
                                                 in medians.items()} if baseline else None,
-                       "command": ["benchmark_levers.py"] + sys.argv[1:]}, handle, indent=2)
+                       "tensorflow_version": tf.__version__, "machine": machine_info(),
+                       "command": ["tools/benchmark_levers.py", *argv]}, handle, indent=2)
 
 
 if __name__ == "__main__":

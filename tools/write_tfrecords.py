@@ -1,8 +1,8 @@
 """Write MNIST as sharded TFRecords, the storage the article's "Data" section advises.
 
-    python write_tfrecords.py --data-source tfds --data-dir ~/tensorflow_datasets \
+    python tools/write_tfrecords.py --data-source tfds --data-dir ~/tensorflow_datasets \
         --output-dir mnist-tfrecords --shards 8
-    python write_tfrecords.py --data-source sample --output-dir gs://BUCKET/mnist-sample
+    python tools/write_tfrecords.py --data-source sample --output-dir gs://BUCKET/mnist-sample
     python train_cpu.py --data-source tfrecord --data-dir mnist-tfrecords
 
 The training split (train) and the validation split (test) each become
@@ -20,10 +20,15 @@ alone unless --overwrite is given; a folder with shards but no metadata.json
 is an interrupted write, and is written over.
 """
 import argparse
+import pathlib
 import sys
 import time
 
-from pyimagesearch import cli, config
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli, config  # noqa: E402
 
 SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 
@@ -68,7 +73,7 @@ def main(argv=None):
               for split in SPLITS}
     metadata = tfrecords.write_folder(
         args.output_dir, splits, config.DATA_NAME, origin=source.label,
-        origin_reason=source.reason, command=["write_tfrecords.py", *argv],
+        origin_reason=source.reason, command=["tools/write_tfrecords.py", *argv],
         shards=args.shards, compression=args.compression, overwrite=args.overwrite)
     for split, entry in metadata["splits"].items():
         size = sum(shard["bytes"] for shard in entry["shards"])

@@ -1,7 +1,7 @@
 """Rehearse a multi-worker cluster on this machine: N training processes on loopback.
 
-    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
-    python launch_workers.py --workers 2 -- train_gpu.py --rehearse 1 --epochs 1
+    python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
+    python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1 --epochs 1
 
 Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
 real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
@@ -179,18 +179,22 @@ class Workers:
 
 
 def main(argv):
-    if "--" not in argv:
-        fail("give the training command after --, e.g. "
-             "launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
-    split = argv.index("--")
-    parser = OneLineParser(description=__doc__,
+    # the launcher's own flags come before --, the training command after it
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = OneLineParser(usage="%(prog)s [-h] [--workers N] [--network {isolated,host}] "
+                                 "-- SCRIPT.py [FLAGS ...]  (SCRIPT.py: relative to the "
+                                 "current folder)",
+                           description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes to start (default %(default)s)")
     parser.add_argument("--network", choices=("isolated", "host"), default="isolated",
                         help="isolated: a private network namespace with loopback only "
                              "(Linux); host: this machine's (default %(default)s)")
-    args = parser.parse_args(argv[:split])
+    args = parser.parse_args(argv[:split])  # --help answers here, before any check
+    if "--" not in argv:
+        fail("give the training command after --, e.g. "
+             "python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
     command = argv[split + 1:]
     if args.workers < 2:
         fail(f"--workers must be at least 2, got {args.workers}")

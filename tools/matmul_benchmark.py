@@ -1,10 +1,10 @@
 """The article's hardware test, timed properly: one batched matrix multiply-add.
 
-    python matmul_benchmark.py                         # CPU, float32
-    python matmul_benchmark.py --device gpu --dtype float16
-    python matmul_benchmark.py --device tpu            # all TPU cores
-    python matmul_benchmark.py --device tpu --rehearse 8 --repeats 3
-    python matmul_benchmark.py --json outputs/matmul_cpu.json
+    python tools/matmul_benchmark.py                         # CPU, float32
+    python tools/matmul_benchmark.py --device gpu --dtype float16
+    python tools/matmul_benchmark.py --device tpu            # all TPU cores
+    python tools/matmul_benchmark.py --device tpu --rehearse 8 --repeats 3
+    python tools/matmul_benchmark.py --json outputs/matmul_cpu.json
 
 The operation is the article's: w (1024, 512, 16) @ x (1024, 16, 512) + b
 (1024, 512, 512). The matmul is 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the
@@ -32,13 +32,18 @@ import argparse
 import json
 import math
 import os
+import pathlib
 import re
 import statistics
 import sys
 import time
 
-from pyimagesearch import cli
-from pyimagesearch.errors import UserError
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch.errors import UserError  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -391,6 +396,7 @@ def main(argv=None):
                         help="run the --device gpu/tpu code path on N logical CPUs")
     parser.add_argument("--tpu", default=None, help="TPU name or address")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
         cli.check_output_file(args.json)  # before the run, not after it
@@ -400,7 +406,8 @@ def main(argv=None):
     if args.json:
         try:
             with open(args.json, "w") as handle:
-                json.dump(result, handle, indent=2)
+                json.dump({**result, "command": ["tools/matmul_benchmark.py", *argv]},
+                          handle, indent=2)
         except OSError as error:
             raise UserError(f"cannot write {args.json}: {error.strerror}") from error
 

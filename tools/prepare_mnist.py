@@ -1,9 +1,9 @@
 """Prepare MNIST in a tensorflow_datasets data dir without tfds' download.
 
     # from the four official files (train-images-idx3-ubyte.gz, ...), got elsewhere
-    python prepare_mnist.py --data-dir ~/tfds --from-idx ~/Downloads/mnist
+    python tools/prepare_mnist.py --data-dir ~/tfds --from-idx ~/Downloads/mnist
     # a timing stand-in: the 5,000-digit sample tiled to 60,000 + 10,000 images
-    python prepare_mnist.py --data-dir /tmp/tfds --stand-in
+    python tools/prepare_mnist.py --data-dir /tmp/tfds --stand-in
 
 Either way the result is tfds' own MNIST format (TFRecord shards of PNG
 images), so `tfds.load("mnist", data_dir=...)` and the training scripts read
@@ -20,16 +20,21 @@ import contextlib
 import gzip
 import io
 import os
+import pathlib
 import sys
 import tempfile
 import zlib
 
 import numpy as np
 
-from pyimagesearch import cli, config
-from pyimagesearch.data import STAND_IN_MARKER
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.workarounds import native_stderr_quiet
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.data import STAND_IN_MARKER  # noqa: E402
+from pyimagesearch.errors import UserError, first_line  # noqa: E402
+from pyimagesearch.workarounds import native_stderr_quiet  # noqa: E402
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}

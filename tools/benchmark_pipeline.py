@@ -1,9 +1,9 @@
 """How much the input pipeline matters: train_cpu.py's pipeline against an article-style one.
 
-    python prepare_mnist.py --data-dir /tmp/tfds --stand-in   # once, if no MNIST
-    python benchmark_pipeline.py --data-dir /tmp/tfds
-    python benchmark_pipeline.py --data-dir /tmp/tfds --steps 50 --trials 1   # a quick look
-    python benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
+    python tools/prepare_mnist.py --data-dir /tmp/tfds --stand-in   # once, if no MNIST
+    python tools/benchmark_pipeline.py --data-dir /tmp/tfds
+    python tools/benchmark_pipeline.py --data-dir /tmp/tfds --steps 50 --trials 1   # a quick look
+    python tools/benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
 
 Training mode (the default): the pipelines read the same prepared tfds MNIST
 and feed the same model, loss, optimizer and batch (128) on the CPU, in this
@@ -40,13 +40,18 @@ second, the median over the trials.
 import argparse
 import json
 import os
+import pathlib
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-from pyimagesearch import cli, config
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli, config  # noqa: E402
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
@@ -268,7 +273,7 @@ def main(argv=None):
     source = data.resolve_source("tfds", config.DATA_NAME, data.resolve_data_dir(args.data_dir))
     print(f"[INFO] data: {source.reason}")
     if args.input_only:
-        figures = input_only(args, source, ["benchmark_pipeline.py", *argv])
+        figures = input_only(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(figures, handle, indent=2)
