@@ -15,9 +15,7 @@ share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
-import os
 import shutil
-import tempfile
 
 import keras
 import tensorflow as tf
@@ -26,7 +24,7 @@ from pyimagesearch import preemption
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.errors import Preempted, UserError, first_line
-from pyimagesearch.files import join, read_json, write_json
+from pyimagesearch.files import join, read_json, scratch_folder, write_json
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
@@ -139,8 +137,7 @@ class Backup(keras.callbacks.Callback):
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
                                          step=self._step)
         target = join(self.folder, CHECKPOINTS)
-        self._scratch = None if self.is_chief else tempfile.mkdtemp(
-            prefix=f"pyimagesearch-ckpt-{os.getpid()}-")
+        self._scratch = None if self.is_chief else scratch_folder("ckpt")
         self.manager = tf.train.CheckpointManager(checkpoint, self._scratch or target,
                                                   max_to_keep=1)
         latest = tf.train.latest_checkpoint(target)

@@ -2,8 +2,11 @@
 
 A leaf module: importing it pulls in nothing of Matplotlib or Keras.
 """
+import glob
 import json
 import os
+import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -43,3 +46,28 @@ def read_json(path, advice):
             return json.load(handle)
     except (ValueError, tf.errors.OpError) as error:
         raise UserError(f"cannot read {path} ({first_line(error)}); {advice}") from error
+
+
+def scratch_folder(kind):
+    """A new local temporary folder, pyimagesearch-KIND-PID-...; the caller removes it.
+
+    A process killed with SIGKILL cannot remove its own, so the folders of
+    this kind whose process is gone are removed first.
+    """
+    pattern = os.path.join(tempfile.gettempdir(), f"pyimagesearch-{kind}-*-*")
+    for path in glob.glob(pattern):
+        pid = path.rsplit(f"pyimagesearch-{kind}-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"pyimagesearch-{kind}-{os.getpid()}-")
+
+
+def _running(pid):
+    """Whether a process `pid` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

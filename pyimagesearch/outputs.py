@@ -12,14 +12,13 @@ import os
 import platform
 import shutil
 import sys
-import tempfile
 
 import keras
 import matplotlib
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.files import join, write_json
+from pyimagesearch.files import join, scratch_folder, write_json
 from pyimagesearch.strategy import collective_communication
 
 matplotlib.use("Agg")  # no display needed; must precede any pyplot import
@@ -44,7 +43,7 @@ class StagedOutputs:
         return os.path.join(self._scratch, name)
 
     def __enter__(self):
-        self._scratch = tempfile.mkdtemp(prefix="pyimagesearch-outputs-")
+        self._scratch = scratch_folder("outputs")
         return self
 
     def __exit__(self, kind, value, traceback):
@@ -97,8 +96,11 @@ def save_outputs(plan, record, model, testIm, predIm):
     guide asks (saving may run collectives), into a folder that is removed.
     """
     if not plan.is_chief:
-        with tempfile.TemporaryDirectory(prefix="pyimagesearch-worker-") as scratch:
+        scratch = scratch_folder("worker")
+        try:
             _write(scratch, plan.name, record, model, testIm, predIm)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return
     print("[INFO] saving the predicted images, run record and model...")
     folder = plan.settings.output_dir

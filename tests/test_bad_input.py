@@ -1,0 +1,109 @@
+"""Input that once ended in a traceback, a silent success or a machine out of memory.
+
+Each case must end in one clear line (a UserError, which the scripts print
+as one line with exit status 2) and leave earlier outputs and backups alone.
+"""
+import pytest
+
+import train_cpu
+import train_gpu
+from pyimagesearch import cli, train
+from pyimagesearch.errors import UserError
+
+TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
+        "--data-source", "sample"]
+
+
+def _earlier_outputs(folder):
+    folder.mkdir()
+    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+        (folder / name).write_text(f"earlier {name}")
+
+
+def _untouched(folder):
+    return all((folder / name).read_text() == f"earlier {name}"
+               for name in ("cpu.png", "cpu.json", "cpu.keras"))
+
+
+def test_a_diverged_run_stops_before_writing(tmp_path):
+    _earlier_outputs(tmp_path / "out")
+    with pytest.raises(UserError, match="training diverged.*lower --learning-rate"):
+        train_cpu.main(TINY + ["--learning-rate", "1e300", "--output-dir",
+                               str(tmp_path / "out")])
+    assert _untouched(tmp_path / "out")
+
+
+def test_a_batch_larger_than_the_data_is_refused_before_training(tmp_path):
+    with pytest.raises(UserError, match="100,000,000 images is more than the 4,500"):
+        train_cpu.main(["--batch-size", "100000000", "--steps-per-epoch", "1",
+                        "--data-source", "sample", "--output-dir", str(tmp_path)])
+
+
+def test_profile_steps_after_the_end_are_refused(tmp_path):
+    with pytest.raises(UserError, match="--profile-steps 4,9 starts after the last of the "
+                                        "run's 3 steps"):
+        train_cpu.main(TINY + ["--profile-steps", "4,9", "--output-dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--rehearse", "65"], "must be at most 64"), (["--rehearse", "0"], "must be at least 1"),
+    (["--startup-timeout", "0"], "finite number above 0")])
+def test_sizes_that_take_the_machine_down_are_flag_errors(flags, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser("gpu", "").parse_args(flags)
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_an_empty_tf_config_is_no_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "")
+    train_gpu.main(TINY + ["--rehearse", "1", "--output-dir", str(tmp_path)])
+    assert (tmp_path / "gpu_rehearsal.json").exists()
+
+
+@pytest.fixture
+def left_backup(tmp_path, monkeypatch):
+    """A backup folder of a 1-epoch run whose outputs could not be written."""
+    def no_disk(*args, **kwargs):
+        raise OSError("disk full")
+
+    args = TINY + ["--backup-dir", str(tmp_path / "backup"), "--output-dir",
+                   str(tmp_path / "out")]
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "save_outputs", no_disk)
+        with pytest.raises(OSError, match="disk full"):
+            train_cpu.main(args)
+    assert (tmp_path / "backup" / "checkpoints").is_dir()
+    return tmp_path / "backup", args
+
+
+def test_a_truncated_checkpoint_is_one_line(left_backup):
+    backup, args = left_backup
+    data = next((backup / "checkpoints").glob("*.data-*"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(UserError, match="cannot read the checkpoint.*delete the backup folder"):
+        train_cpu.main(args)
+    assert data.exists()  # the backup is left for the user to look at
+
+
+def test_a_backup_is_not_resumed_under_another_seed(left_backup):
+    backup, args = left_backup
+    with pytest.raises(UserError, match=r"another run \(seed 42 -> 7\)"):
+        train_cpu.main(args + ["--seed", "7"])
+    assert (backup / "checkpoints").is_dir()
+
+
+def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from pyimagesearch.files import scratch_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "pyimagesearch-ckpt-4194305-abc"  # above Linux's pid limit
+    alive = tmp_path / f"pyimagesearch-ckpt-{os.getppid()}-def"
+    other = tmp_path / "pyimagesearch-outputs-4194305-ghi"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    new = scratch_folder("ckpt")
+    assert not dead.exists() and alive.exists() and other.exists()
+    assert os.path.basename(new).startswith(f"pyimagesearch-ckpt-{os.getpid()}-")
