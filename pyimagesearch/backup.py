@@ -123,7 +123,7 @@ class Backup(keras.callbacks.Callback):
             if latest is None:
                 return 0
             return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
-        except (ValueError, tf.errors.OpError) as error:
+        except (ValueError, IndexError, tf.errors.OpError) as error:
             raise self._broken(error) from error
 
     def _broken(self, error):
@@ -144,7 +144,8 @@ class Backup(keras.callbacks.Callback):
         if latest is not None:
             try:
                 checkpoint.restore(latest).expect_partial()
-            except (ValueError, tf.errors.OpError) as error:
+            except (ValueError, IndexError, tf.errors.OpError) as error:
+                # IndexError: TensorFlow's "Read less bytes than requested", a cut file
                 raise self._broken(error) from error
         self._trained = self.start_step  # global steps trained, saved with the weights
         self._since = 0

@@ -214,12 +214,12 @@ def train_model(model, strategy, plan, source, trainDs, valDs, callbacks):
             history = {key: rest[key] for key in history}
             epoch += 1
             trainDs = training_data(strategy, plan, source, skip=epoch * plan.steps_per_epoch)
-        if epoch < settings.epochs and not model.stop_training:
+        if not model.stop_training:  # also with no epoch left: fit restores the backup
             more = model.fit(trainDs, epochs=settings.epochs, initial_epoch=epoch,
                              steps_per_epoch=plan.steps_per_epoch, validation_data=valDs,
                              callbacks=callbacks.callbacks, shuffle=False,
                              verbose=verbose).history
-            history = {key: history[key] + more[key] for key in history}
+            history = {key: history[key] + more.get(key, []) for key in history}
     losses = history["loss"] + history["val_loss"]
     if not all(math.isfinite(loss) for loss in losses):
         raise UserError(f"training diverged (loss {history['loss'][-1]}, val_loss "

@@ -85,6 +85,19 @@ def test_a_truncated_checkpoint_is_one_line(left_backup):
     assert data.exists()  # the backup is left for the user to look at
 
 
+def test_a_rerun_after_a_failed_save_writes_the_trained_model(left_backup, tmp_path):
+    import keras
+    import numpy as np
+
+    _, args = left_backup
+    train_cpu.main(args)  # all epochs done: nothing to train, the backup is restored
+    train_cpu.main(TINY + ["--output-dir", str(tmp_path / "uninterrupted")])
+    resumed = keras.saving.load_model(tmp_path / "out" / "cpu.keras").weights
+    uninterrupted = keras.saving.load_model(tmp_path / "uninterrupted" / "cpu.keras").weights
+    for a, b in zip(resumed, uninterrupted):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_a_backup_is_not_resumed_under_another_seed(left_backup):
     backup, args = left_backup
     with pytest.raises(UserError, match=r"another run \(seed 42 -> 7\)"):

@@ -110,6 +110,7 @@ def test_a_cluster_of_one_and_an_evaluator(repo, tmp_path):
     assert not (tmp_path / "evaluator").exists()
 
 
+@pytest.mark.slow
 def test_master_is_the_chief(repo, tmp_path):
     flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
     results = _cluster(repo, [["master", *flags, "--output-dir", str(tmp_path / "master")],
@@ -121,7 +122,7 @@ def test_master_is_the_chief(repo, tmp_path):
 
 @pytest.mark.parametrize("difference, named", [
     (["--epochs", "2"], "epochs is 1 on chief 0 but 2 on worker 0"),
-    (["--rehearse", "2"], "devices per worker is 1"),
+    pytest.param(["--rehearse", "2"], "devices per worker is 1", marks=pytest.mark.slow),
 ])
 def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference, named):
     base = ["train_gpu.py", "--rehearse", "1", "--epochs", "1", "--steps-per-epoch", "1",

@@ -44,6 +44,7 @@ def test_bfloat16_trains_with_a_float32_output(tmp_path):
     assert model.encoder.layers[0].compute_dtype == "bfloat16"
 
 
+@pytest.mark.slow  # float16 on a CPU is slow: about 50 s each
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_float16_on_a_rehearsal_trains_with_loss_scaling(tmp_path, loop):
     train_gpu.main(SHORT + ["--rehearse", "2", "--precision", "mixed_float16", "--loop", loop,
