@@ -8,7 +8,8 @@ step indices `fit` passes. One implementation each:
 - `EpochTimer`: wall time of each epoch and of its training part.
 - Keras' `TerminateOnNaN`: a diverged run stops at the step it diverged.
 - `backup.Backup` (--backup-dir): resume after a crash.
-- Keras' `TensorBoard` (--logdir): losses and learning rate per epoch.
+- Keras' `TensorBoard` (--logdir): losses and learning rate per epoch,
+  numbered from 1 as the log prints epochs (Keras numbers them from 0).
 - `EpochSummaries` (--logdir): what Keras' TensorBoard does not write:
   images per second and, at each epoch end, the figure's digits with their
   reconstructions as an image summary.
@@ -62,10 +63,10 @@ class EpochSummaries(keras.callbacks.Callback):
         self.validation = tf.summary.create_file_writer(join(logdir, "validation"))
 
     def on_epoch_end(self, epoch, logs=None):
-        with self.train.as_default(step=epoch):
+        with self.train.as_default(step=epoch + 1):  # epochs from 1, as the log prints them
             tf.summary.scalar("epoch_images_per_second", self.params["steps"]
                               * self.images_per_step / self.timer.train_seconds[-1])
-        with self.validation.as_default(step=epoch):
+        with self.validation.as_default(step=epoch + 1):
             tf.summary.image("reconstructions", self._side_by_side(),
                              description="input digits (top) and their reconstructions")
         self.train.flush()
@@ -81,6 +82,13 @@ class EpochSummaries(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self.train.close()
         self.validation.close()
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' TensorBoard callback, with epochs counted from 1, as the log prints them."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch + 1, logs)
 
 
 class ProfileSteps(keras.callbacks.Callback):
@@ -165,8 +173,7 @@ def make_callbacks(plan, source, digits):
     if plan.is_chief and (settings.logdir or settings.profile_steps):
         # one subfolder per configuration: one TensorBoard compares them all
         logdir = join(settings.logdir or "logs", plan.name)
-        callbacks.append(keras.callbacks.TensorBoard(logdir, write_graph=False,
-                                                     profile_batch=0))
+        callbacks.append(EpochTensorBoard(logdir, write_graph=False, profile_batch=0))
         if settings.profile_steps:
             callbacks.append(ProfileSteps(join(logdir, "train"), *settings.profile_steps,
                                           plan.steps_per_execution))

@@ -142,3 +142,17 @@ def test_tensorboard_serves_the_logged_tags(tmp_path):
         server.wait()
     assert "epoch_loss" in scalars["cpu/train"] and "epoch_loss" in scalars["cpu/validation"]
     assert "reconstructions" in images["cpu/validation"]
+
+
+def test_tensorboard_counts_epochs_from_1_as_the_log_does(tmp_path):
+    train_cpu.main(["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
+                    "--data-source", "sample", "--logdir", str(tmp_path / "logs"),
+                    "--output-dir", str(tmp_path / "out")])
+    for folder, tags in (("train", ("epoch_loss", "epoch_images_per_second")),
+                         ("validation", ("epoch_loss", "reconstructions"))):
+        events = event_accumulator.EventAccumulator(
+            str(tmp_path / "logs" / "cpu" / folder),
+            size_guidance={event_accumulator.TENSORS: 0})
+        events.Reload()
+        for tag in tags:
+            assert [event.step for event in events.Tensors(tag)] == [1, 2]

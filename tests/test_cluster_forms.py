@@ -80,6 +80,7 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
+@pytest.mark.slow  # tests/test_multi_worker.py checks the same step through the launcher
 def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
     # Vertex AI's worker pools 0 and 1: a chief and a worker
     flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
@@ -149,6 +150,7 @@ def test_train_cpu_refuses_a_cluster(repo, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_worker_that_never_starts_is_named_within_the_startup_timeout(repo, tmp_path):
     flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1", "--startup-timeout", "10",
              "--output-dir", str(tmp_path)]

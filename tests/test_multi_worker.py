@@ -143,7 +143,8 @@ def _weights(path):
 
 
 @pytest.mark.parametrize("devices, global_batch, seed", [
-    (1, 256, "42"), (1, 256, "0"), pytest.param(2, 512, "42", marks=pytest.mark.slow)])
+    (1, 256, "42"), pytest.param(1, 256, "0", marks=pytest.mark.slow),
+    pytest.param(2, 512, "42", marks=pytest.mark.slow)])
 def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch,
                                                    seed):
     run = launch(2, ONE_SGD_STEP + ["--seed", seed, "--rehearse", str(devices),

@@ -86,7 +86,8 @@ def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_d
     _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
 
 
-@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the kill itself is in tests/test_backup_and_logs.py's default run
+@pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
         repo, tmp_path, uninterrupted, loop):
     args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
