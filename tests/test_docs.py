@@ -131,6 +131,7 @@ PIPE_TRAIN = "benchmarks/pipeline_training.json"
 TFR = "tfrecord_training/{}/cpu.json"
 MW = "multi_worker/gpu_rehearsal.json"
 RESUMED = "resume/cpu.json"
+PREEMPTED = "preemption/cpu.json"
 INTEL = "machines/intel_xeon.json"
 
 
@@ -347,6 +348,21 @@ QUOTES += [
               "ran": Computed(RESUMED, lambda r: len(r["epoch_seconds"])),
               "s0": Figure(RESUMED, ("epoch_seconds", 0), "{:.1f}"),
               "s1": Figure(RESUMED, ("epoch_seconds", 1), "{:.1f}")}),
+    Quote("docs/fault-tolerance-and-tensorboard.md",
+          "printed \"resuming from /tmp/resume/backup: {done} of 4 epochs and {steps} steps "
+          "done\"", {"done": Figure(RESUMED, ("resumed_from_epoch",)),
+                     "steps": Figure(RESUMED, ("resumed_from_step",))}),
+    Quote("docs/fault-tolerance-and-tensorboard.md",
+          "has `resumed_from_step` {step} (epoch 1's {spe} steps and {rest} of epoch 2) and "
+          "val_loss {v0}, {v1}, {v2}, {v3}. The uninterrupted quick start run", {
+              "step": Figure(PREEMPTED, ("resumed_from_step",)),
+              "spe": Figure(PREEMPTED, ("steps_per_epoch",)),
+              "rest": Computed(PREEMPTED, lambda r: r["resumed_from_step"] % r["steps_per_epoch"]),
+              **{f"v{i}": Figure(PREEMPTED, ("val_loss", i), "{:.6f}") for i in range(4)}}),
+    Quote("docs/fault-tolerance-and-tensorboard.md",
+          "more epoch, reached {v0}, {v1}, {v2}, {v3} in its first four", {
+              f"v{i}": Figure(QUICK_START_RECORD, ("val_loss", i), "{:.6f}")
+              for i in range(4)}),
     Quote("docs/data-and-tfrecords.md", "Both records count {t} training and {v} validation", {
         "t": Figure(TFR.format("tfrecord"), ("train_images",), "{:,}"),
         "v": Figure(TFR.format("tfrecord"), ("validation_images",), "{:,}")}),
