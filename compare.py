@@ -65,11 +65,33 @@ def load_records(folder):
             print(f"skipping {path}: not a run record (no {', '.join(missing)})",
                   file=sys.stderr)
             continue
+        if not _well_typed(record):
+            print(f"skipping {path}: a run record with values of the wrong type",
+                  file=sys.stderr)
+            continue
         if not record["epoch_seconds"]:
             print(f"skipping {path}: the run record has no epochs", file=sys.stderr)
             continue
         records[name[:-len(".json")]] = record
     return records
+
+
+def _well_typed(record):
+    """Whether the fields Table 1 reads hold numbers and lists of numbers."""
+    def numbers(values):
+        return isinstance(values, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+    def whole(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    return (all(numbers(record.get(key)) for key in ("epoch_seconds", "loss", "val_loss"))
+            and numbers(record.get("train_seconds", []) or [])
+            and all(whole(record.get(key)) for key in ("replicas", "global_batch_size",
+                                                        "steps_per_epoch"))
+            and whole(record.get("workers", 1))
+            and isinstance(record.get("learning_rate", 0.0), (int, float))
+            and all(isinstance(record.get(key), str) for key in ("device", "data_source")))
 
 
 def later_mean(values):

@@ -120,3 +120,40 @@ def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     new = scratch_folder("ckpt")
     assert not dead.exists() and alive.exists() and other.exists()
     assert os.path.basename(new).startswith(f"pyimagesearch-ckpt-{os.getpid()}-")
+
+
+def test_compare_skips_records_with_values_of_the_wrong_type(tmp_path, capsys):
+    import json
+
+    import compare
+
+    good = {"device": "cpu", "replicas": 1, "global_batch_size": 32, "steps_per_epoch": 2,
+            "epoch_seconds": [1.0, 0.5], "loss": [0.1, 0.05], "val_loss": [0.1, 0.05],
+            "data_source": "sample"}
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "bad.json").write_text(json.dumps({**good, "epoch_seconds": ["x", 2]}))
+    (tmp_path / "worse.json").write_text(json.dumps({**good, "device": 5}))
+    assert sorted(compare.load_records(str(tmp_path))) == ["good"]
+    assert capsys.readouterr().err.count("values of the wrong type") == 2
+
+
+def test_benchmark_profile_dir_that_is_a_file_is_one_line(tmp_path):
+    import benchmark_pipeline
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UserError, match="cannot write to output folder"):
+        benchmark_pipeline.main(["--data-dir", str(tmp_path), "--profile-dir",
+                                 str(blocker / "profile")])
+
+
+def test_launch_workers_refuses_more_workers_than_the_machine_holds(repo):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "tools/launch_workers.py", "--workers", "100",
+                             "--", "train_gpu.py"], cwd=repo, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "from 2 to 16, got 100" in lines[0], result.stderr

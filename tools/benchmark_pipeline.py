@@ -265,6 +265,8 @@ def main(argv=None):
         args.trials = 3 if args.input_only else 2
     if args.json:
         cli.check_output_file(args.json)
+    if args.profile_dir:
+        cli.check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
     from pyimagesearch import data, strategy
     from pyimagesearch.plan import steps_per_execution

@@ -45,6 +45,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 
 
+MAX_WORKERS = 16  # TensorFlow processes on one machine, each about 1 GB
+
+
 def fail(message, status=EXIT_USER_ERROR):
     """One line on stderr, then exit."""
     print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
@@ -196,8 +199,9 @@ def main(argv):
         fail("give the training command after --, e.g. "
              "python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
     command = argv[split + 1:]
-    if args.workers < 2:
-        fail(f"--workers must be at least 2, got {args.workers}")
+    if not 2 <= args.workers <= MAX_WORKERS:
+        # each worker is a whole TensorFlow process: more than a few take the machine down
+        fail(f"--workers must be from 2 to {MAX_WORKERS}, got {args.workers}")
     if not command:
         fail("no training command after --")
     if command[0].endswith(".py"):
