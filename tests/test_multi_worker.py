@@ -216,7 +216,7 @@ def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     again = launch(2, flags)  # the same command: TensorFlow's fault-tolerance pattern
     status, err = again.finish()
     assert status == 0, "\n".join(again.lines[-20:]) + err
-    assert sum("resuming from" in line and "2 of 4 epochs done" in line
+    assert sum("resuming from" in line and "2 of 4 epochs and 120 steps done" in line
                for line in again.lines) == 2  # both workers
     assert not any(re.search(r"Epoch [12]/4", line) for line in again.lines)
     record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
