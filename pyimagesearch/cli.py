@@ -41,27 +41,6 @@ def _number(kind, minimum, text):
     return value
 
 
-MAX_SEED = 2**32 - 1  # NumPy's seed range, which keras.utils.set_random_seed uses
-
-
-def seed(text):
-    """An integer seed NumPy accepts."""
-    value = _number(int, 0, text)
-    if value > MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEED}, got {text}")
-    return value
-
-
-positive_int = functools.partial(_number, int, 1)
-non_negative_int = functools.partial(_number, int, 0)
-positive_int.__name__ = "positive integer"
-non_negative_int.__name__ = "non-negative integer"
-
-
-MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
-STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
-
-
 def bounded_int(minimum, maximum):
     """A flag type: an integer from `minimum` to `maximum`."""
     def parse(text):
@@ -72,6 +51,20 @@ def bounded_int(minimum, maximum):
 
     parse.__name__ = "integer"
     return parse
+
+
+MAX_SEED = 2**32 - 1  # NumPy's seed range, which keras.utils.set_random_seed uses
+seed = bounded_int(0, MAX_SEED)  # an integer seed NumPy accepts
+
+
+positive_int = functools.partial(_number, int, 1)
+non_negative_int = functools.partial(_number, int, 0)
+positive_int.__name__ = "positive integer"
+non_negative_int.__name__ = "non-negative integer"
+
+
+MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
+STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
 
 
 def step_range(text):
