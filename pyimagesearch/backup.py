@@ -25,6 +25,7 @@ from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.errors import Preempted, UserError, first_line
 from pyimagesearch.files import join, read_json, scratch_folder, write_json
+from pyimagesearch.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
@@ -58,7 +59,7 @@ class Backup(keras.callbacks.Callback):
         self.folder = plan.settings.backup_dir
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
-        self.is_chief = plan.is_chief
+        self.is_chief, self.workers = plan.is_chief, plan.workers
         self.run = identity(plan, source)
         self.history = {"loss": [], "val_loss": []}
         self.start_step = 0  # global steps trained before this run
@@ -149,6 +150,11 @@ class Backup(keras.callbacks.Callback):
                 raise self._broken(error) from error
         self._trained = self.start_step  # global steps trained, saved with the weights
         self._since = 0
+        # in a cluster, SIGTERM on any worker stops every worker at one step
+        self._handlerScratch = scratch_folder("preemption") if self.workers > 1 else None
+        self._handler = self._handlerScratch and preemption.cluster_handler(
+            tf.distribute.get_strategy(), self._handlerScratch, self._save,
+            self._stop_cluster_preempted)
         preemption.saving(True)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -163,8 +169,7 @@ class Backup(keras.callbacks.Callback):
         self._since += ran
         if self._done == self.params["steps"]:
             return  # the epoch's last step: on_epoch_end saves, after validation
-        if preemption.requested():
-            self._stop_preempted()
+        self._stop_if_preempted()
         if self.every and self._since >= self.every:
             self._save()
 
@@ -177,15 +182,35 @@ class Backup(keras.callbacks.Callback):
             self.history[key].append(float(logs[key]))
         if self.is_chief:
             write_json(join(self.folder, HISTORY), self.history)
-        self._save()
-        if preemption.requested():
-            self._stop_preempted()
+        self._stop_if_preempted(save=self._save)
 
-    def _stop_preempted(self):
-        """SIGTERM came: save this step and stop the run (exit status 143)."""
-        self._save()
-        raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
-                        f"in {self.folder} holds them: run the same command to resume")
+    def _stop_if_preempted(self, save=None):
+        """After a step: if SIGTERM came, save the backup and stop (exit status 143).
+
+        Alone, this process saves at once. In a cluster TensorFlow's handler
+        decides, and every worker saves at the step it agreed on. `save`,
+        if given, is what to do when not stopping.
+        """
+        if self._handler is not None:
+            try:
+                self._handler.save_checkpoint_if_preempted()
+            except tf.errors.AlreadyExistsError:
+                pass  # SIGTERM after another worker ended training: none to stop
+        elif preemption.requested():
+            self._save()
+            self._close()
+            raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
+                            f"in {self.folder} holds them: run the same command to resume")
+        if save:
+            save()
+
+    def _stop_cluster_preempted(self):
+        """TensorFlow's handler saved the backup on every worker: stop (exit status 143)."""
+        cause = "by SIGTERM" if preemption.requested() else "because a peer got SIGTERM,"
+        self._close()
+        raise Preempted(f"stopped {cause} after {self._trained:,} steps with the whole "
+                        f"cluster; the backup in {self.folder} holds them: run the same "
+                        "command to resume")
 
     def _save(self):
         self._step.assign(self._trained)
@@ -193,9 +218,16 @@ class Backup(keras.callbacks.Callback):
         self._since = 0
 
     def on_train_end(self, logs=None):
+        self._close()
+
+    def _close(self):
+        """Training is over, or stops: no more saves on SIGTERM, no temporary folders."""
         preemption.saving(False)
-        if self._scratch:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._handler is not None:
+            stop_preemption_handler(self._handler)
+        for scratch in (self._scratch, self._handlerScratch):
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def finish(self):
         """The run's outputs are written: the backup is no longer needed."""

@@ -65,6 +65,7 @@ non_negative_int.__name__ = "non-negative integer"
 
 MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
 STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
+MAX_STARTUP_TIMEOUT_S = 86_400.0  # s; TensorFlow takes the limit in milliseconds, as int64
 
 
 def step_range(text):
@@ -84,6 +85,15 @@ def positive_float(text):
     value = _number(float, 0.0, text)
     if value == 0.0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def startup_seconds(text):
+    """--startup-timeout: seconds above 0, a day at most."""
+    value = positive_float(text)
+    if value > MAX_STARTUP_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_STARTUP_TIMEOUT_S:g} (a day), got {text}")
     return value
 
 
@@ -162,7 +172,7 @@ def build_parser(device, description):
                               "on them, no accelerator needed")
     if device == "gpu":
         parser.add_argument(
-            "--startup-timeout", type=positive_float, default=STARTUP_TIMEOUT_S,
+            "--startup-timeout", type=startup_seconds, default=STARTUP_TIMEOUT_S,
             metavar="SECONDS", help="under TF_CONFIG, how long to wait for the other "
                                     "workers to start before giving up (default "
                                     "%(default)s)")

@@ -20,10 +20,13 @@ scripts use the custom loop (`loop.py`) there.
 """
 import contextlib
 import dataclasses
+import ipaddress
 import json
+import math
 import os
 import re
 import socket
+import time
 
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
@@ -42,6 +45,7 @@ class Cluster:
     task_index: int
     has_chief: bool   # the cluster names a chief
     peers: tuple = () # (task name, "host:port") of every other training task
+    address: str = "" # this task's "host:port"
 
     @property
     def is_chief(self):
@@ -132,19 +136,83 @@ def read_tf_config(environ=os.environ):
                                            "task": {**task, "type": task_type}})
     peers = tuple((f"{role} {i}", host) for role in ROLES
                   for i, host in enumerate(tasks[role]) if (role, i) != (task_type, index))
-    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers)
+    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers,
+                   address=tasks[task_type][index])
+
+
+def wait_for_peers(cluster, timeout_s, poll_s=0.5):
+    """Wait, where signals still act, until every peer has started; PeerLost after `timeout_s`.
+
+    MultiWorkerMirroredStrategy waits for the other workers inside C++,
+    holding Python's lock and with TensorFlow's own SIGTERM handler in place:
+    neither Ctrl-C nor a scheduler's SIGTERM stops it there. So the wait is
+    done here first. Each worker listens on its own TF_CONFIG port, as
+    TensorFlow's server will (on every interface), and polls every peer's
+    until all answer; then it lets the port go and builds the strategy,
+    which finds the others up. A peer seen once may have let its port go
+    for its own server already: it counts as started.
+    """
+    host, _, port = cluster.address.rpartition(":")
+    port, host = int(port), host.strip("[]")
+    try:
+        if _is_loopback(host):  # a cluster on one machine: reachable from it alone
+            here = socket.create_server((host, port))
+        elif socket.has_dualstack_ipv6():
+            here = socket.create_server(("", port), family=socket.AF_INET6,
+                                        dualstack_ipv6=True)
+        else:
+            here = socket.create_server(("", port))
+    except OSError as error:
+        raise UserError(f"{cluster.name} cannot listen on port {port}, its TF_CONFIG "
+                        f"address {cluster.address} ({error.strerror or error}); another "
+                        "process uses it: stop that one, or give this task another port")
+    deadline = time.monotonic() + timeout_s
+    waiting, told = dict(cluster.peers), False
+    try:
+        while True:
+            waiting = {name: address for name, address in waiting.items()
+                       if not _answers(address)}
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
+                               + ", ".join(f"{name} ({address})"
+                                           for name, address in waiting.items())
+                               + " to start (--startup-timeout)")
+            if not told:
+                print(f"[INFO] {cluster.name} is waiting for " + ", ".join(waiting)
+                      + " to start" + (f" (up to {timeout_s:g} s)" if timeout_s < math.inf
+                                       else ""), flush=True)
+                told = True
+            time.sleep(poll_s)  # SIGTERM and Ctrl-C act here
+    finally:
+        here.close()
+
+
+def _is_loopback(host):
+    """Whether `host` names this machine's loopback interface."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
+
+
+def _answers(address, timeout_s=1.0):
+    """Whether `address` ("host:port") takes a TCP connection now."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        return True
+    except OSError:  # refused, no route, or a name that does not resolve yet
+        return False
 
 
 def missing_peers(cluster, timeout_s=2.0):
     """The peers whose address takes no TCP connection now (their server is not up)."""
-    missing = []
-    for name, address in cluster.peers:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        except OSError:
-            missing.append(f"{name} ({address})")
-    return missing
+    return [f"{name} ({address})" for name, address in cluster.peers
+            if not _answers(address, timeout_s)]
 
 
 def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):

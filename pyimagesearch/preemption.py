@@ -5,12 +5,22 @@ step boundary and stop (the `Backup` callback asks `requested()` after
 every call into the compiled step); without one, stop at once, like Ctrl-C.
 Either way the run ends with `errors.Preempted`, exit status 143, and the
 earlier outputs are untouched.
+
+In a cluster one worker's SIGTERM must stop them all at the same step, or
+the others only find a lost peer and the steps since the last backup are
+lost. There `cluster_handler` brings in TensorFlow's
+PreemptionCheckpointHandler: it sees `requested()`, agrees on the step with
+every worker through the coordination service, and has each save the backup
+there and stop.
 """
 import signal
 import sys
 import threading
 
+import tensorflow as tf
+
 from pyimagesearch.errors import Preempted
+from pyimagesearch.workarounds import preemption_handler_acts
 
 _requested = threading.Event()
 _saving = threading.Event()  # a Backup is there to save at the next step
@@ -46,3 +56,36 @@ def saving(active):
 def requested():
     """True once SIGTERM arrived while a backup was kept."""
     return _requested.is_set()
+
+
+def cluster_handler(strategy, folder, save, stop):
+    """TensorFlow's PreemptionCheckpointHandler for a worker of a cluster; None elsewhere.
+
+    Every worker calls its save_checkpoint_if_preempted() after each call
+    into the compiled step, the same number of times. When any worker's
+    SIGTERM has arrived (the handler polls `requested()` each second) they
+    agree on a step, and at that step each calls `save()` (the backup's
+    checkpoint and global step) and then `stop()`, which raises.
+
+    The handler also counts its calls in a checkpoint variable of its own.
+    That count must be the same on every worker, and it is not written into
+    the backup (a worker that is not the chief restores its checkpoints from
+    a folder other than the one it saves to): its checkpoint lives in
+    `folder`, a scratch folder of this process, and is never saved, so every
+    worker counts from 0.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            or resolver is None or not resolver.cluster_spec().jobs):
+        return None
+    if not preemption_handler_acts():
+        print("[INFO] TensorFlow's preemption handler does not act on Google Cloud CPU "
+              "VMs: a worker's SIGTERM saves only its own backup", flush=True)
+        return None
+    # the handler reads its own deprecated total_run_calls when it saves
+    tf.get_logger().addFilter(lambda record: "total_run_calls" not in record.getMessage())
+    counter = tf.train.CheckpointManager(tf.train.Checkpoint(), folder, max_to_keep=1)
+    config = tf.distribute.experimental.TerminationConfig(
+        termination_watcher_fn=requested, exit_fn=stop, grace_period=0, save_fn=save)
+    return tf.distribute.experimental.PreemptionCheckpointHandler(
+        resolver, counter, termination_config=config)

@@ -12,7 +12,7 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.cluster import missing_peers
+from pyimagesearch.cluster import missing_peers, wait_for_peers
 from pyimagesearch.errors import PeerLost, UserError, first_line
 from pyimagesearch.workarounds import (bound_cluster_start, local_cpu_devices,
                                       native_stderr_quiet, plain_device_buffers)
@@ -232,10 +232,12 @@ def multi_worker_strategy(cluster, rehearse=None, startup_timeout_s=None):
 
     Each worker trains on its GPUs; with `rehearse` K it trains on K logical
     CPU devices instead, so the same command rehearses a cluster of GPU
-    machines on CPUs. Must run before TensorFlow's runtime starts. The
-    strategy waits for every worker to start; after `startup_timeout_s`
-    seconds (None: for ever) it gives up with one line naming who is missing.
+    machines on CPUs. Must run before TensorFlow's runtime starts. It waits
+    for every worker to start, first where SIGTERM and Ctrl-C still act,
+    then inside the strategy; after `startup_timeout_s` seconds in either
+    (None: for ever) it gives up with one line naming who is missing.
     """
+    wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
     plain_device_buffers()
     if rehearse:
         hide_gpus()

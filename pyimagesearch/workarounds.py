@@ -1,4 +1,4 @@
-"""TensorFlow's workarounds, in one place: quiet native logs, and two private hooks.
+"""TensorFlow's workarounds, in one place: quiet native logs, and private hooks.
 
 1. `native_stderr_quiet`: TensorFlow's native start-up lines off the
    terminal, without losing them.
@@ -8,6 +8,9 @@
    MultiWorkerMirroredStrategy, for rehearsals.
 4. `bound_cluster_start`: a limit on how long MultiWorkerMirroredStrategy
    waits for the other workers to start.
+5. `preemption_handler_acts` and `stop_preemption_handler`: where
+   TensorFlow's PreemptionCheckpointHandler does anything, and stopping its
+   watcher threads when training ends.
 
 The hooks reach into private TensorFlow API; tests check that they still
 exist in the TensorFlow versions CI runs (2.20 and 2.21).
@@ -255,6 +258,7 @@ def bound_cluster_start(timeout_s):
     so it is configured here first, the same way, plus the limit.
     """
     import tensorflow as tf
+
     # the protobuf module as the strategy itself imports it (its path moves)
     from tensorflow.python.distribute import collective_all_reduce_strategy as car
     from tensorflow.python.distribute import multi_worker_util
@@ -272,3 +276,30 @@ def bound_cluster_start(timeout_s):
     # waits at a barrier for all tasks (the service's leader otherwise waits
     # for the others with no limit)
     runtime.coordination_service.cluster_register_with_barrier = True
+
+
+def preemption_handler_acts():
+    """Whether PreemptionCheckpointHandler acts here, by TensorFlow's own test.
+
+    On Google Cloud it asks the metadata server what it runs on; on a CPU or
+    TPU VM there its run() and save_checkpoint_if_preempted() do nothing at
+    all ("does not support usage with TPU or CPU device on GCP",
+    failure_handling.py). Elsewhere, and on GPU VMs, it acts.
+    """
+    from tensorflow.python.distribute.failure_handling import (
+        failure_handling_util as util,
+    )
+
+    return util.detect_platform() not in (util.PlatformDevice.GCE_CPU,
+                                          util.PlatformDevice.GCE_TPU)
+
+
+def stop_preemption_handler(handler):
+    """Stop a PreemptionCheckpointHandler's watcher threads once training is over.
+
+    They block in the coordination service until a key is set; the handler
+    stops them itself only in its __del__, which a thread that still holds
+    it never lets run.
+    """
+    handler._stop_cluster_wise_termination_watcher_thread()
+    handler._stop_poll_termination_signal_thread()

@@ -7,6 +7,8 @@ are reachable from this machine alone.
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 
@@ -15,6 +17,8 @@ import numpy as np
 import pytest
 
 import train_cpu
+from pyimagesearch.cluster import Cluster, wait_for_peers
+from pyimagesearch.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -159,4 +163,65 @@ def test_a_worker_that_never_starts_is_named_within_the_startup_timeout(repo, tm
     errors = [line for line in output.splitlines() if ": error: " in line]
     assert len(errors) == 1 and "waiting for worker 0 (127.0.0.1:" in errors[0], output
     assert "Traceback" not in output and "[driver] timed out" not in output
+    assert os.listdir(tmp_path) == []
+
+
+def _free_ports(count):
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _lonely(port, peer_port):
+    """The chief of a two-task cluster, as read from TF_CONFIG."""
+    return Cluster(2, "chief", 0, has_chief=True, address=f"127.0.0.1:{port}",
+                   peers=(("worker 0", f"127.0.0.1:{peer_port}"),))
+
+
+def test_the_wait_for_peers_names_who_is_missing_and_frees_its_port():
+    port, peer = _free_ports(2)
+    with pytest.raises(PeerLost, match=rf"^chief 0 gave up after 0.3 s waiting for worker 0 "
+                                       rf"\(127.0.0.1:{peer}\) to start"):
+        wait_for_peers(_lonely(port, peer), 0.3, poll_s=0.05)
+    socket.create_server(("127.0.0.1", port)).close()  # let go for TensorFlow's server
+
+
+def test_the_wait_for_peers_ends_when_every_peer_listens():
+    port, peer = _free_ports(2)
+    with socket.create_server(("127.0.0.1", peer)):
+        wait_for_peers(_lonely(port, peer), 0.3, poll_s=0.05)
+
+
+def test_a_port_in_use_is_one_line():
+    port, peer = _free_ports(2)
+    with socket.create_server(("127.0.0.1", port)), pytest.raises(
+            UserError, match=rf"chief 0 cannot listen on port {port}, its TF_CONFIG address"):
+        wait_for_peers(_lonely(port, peer), 0.3)
+
+
+@pytest.mark.parametrize("sig, status, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                              (signal.SIGINT, 130, "interrupted")])
+def test_sigterm_and_ctrl_c_stop_a_worker_waiting_for_its_peers(repo, tmp_path, sig, status,
+                                                               said):
+    # TensorFlow's own wait ignores both: the project's comes first
+    port, peer = _free_ports(2)
+    config = {"cluster": {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{peer}"]},
+              "task": {"type": "chief", "index": 0}}
+    process = subprocess.Popen(
+        [sys.executable, "train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1",
+         "--output-dir", str(tmp_path)], cwd=repo, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env={**os.environ, "TF_CONFIG": json.dumps(config)})
+    try:
+        for line in process.stdout:
+            if "is waiting for worker 0 to start (up to 300 s)" in line:
+                break
+        process.send_signal(sig)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == status
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], err
     assert os.listdir(tmp_path) == []

@@ -222,3 +222,40 @@ def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
     assert record["resumed_from_epoch"] == 2 and len(record["loss"]) == 4
     assert not (tmp_path / "backup").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactly(
+        launch, repo, tmp_path):
+    flags = ["--rehearse", "1", "--epochs", "4", "--steps-per-epoch", "90",
+             "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
+             "--output-dir", str(tmp_path / "out")]
+    run = launch(2, flags)
+    assert run.read_until(r"\[worker 1\] Epoch 2/4"), "\n".join(run.lines)
+    os.kill(run.pids[1], signal.SIGTERM)  # the worker that is not the chief
+    status, err = run.finish(timeout=240)
+    assert status == 1 and "worker 1 exited with status 143" in err, err
+    errors = {int(line[8]): line for line in run.lines if ": error: " in line}
+    assert sorted(errors) == [0, 1], "\n".join(run.lines[-30:])
+    assert "stopped by SIGTERM after" in errors[1]
+    assert "stopped because a peer got SIGTERM, after" in errors[0]
+    steps = {worker: int(re.search(r"after ([\d,]+) steps", line)[1].replace(",", ""))
+             for worker, line in errors.items()}
+    assert steps[0] == steps[1] and 90 < steps[0] < 180, steps  # in epoch 2, on both
+    assert not any("Traceback" in line for line in run.lines)
+
+    again = launch(2, flags)  # the same command, as a scheduler restarts a cluster
+    status, err = again.finish()
+    assert status == 0, "\n".join(again.lines[-20:]) + err
+    assert sum(f"1 of 4 epochs and {steps[0]} steps done" in line
+               for line in again.lines) == 2
+    record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
+    assert record["resumed_from_step"] == steps[0] and len(record["val_loss"]) == 4
+
+    # the same training in one process on two devices: exactly what the cluster is
+    subprocess.run([sys.executable, "train_gpu.py", "--rehearse", "2", *flags[2:8],
+                    "--output-dir", str(tmp_path / "one")], cwd=repo, check=True,
+                   capture_output=True, timeout=300)
+    one = _weights(tmp_path / "one" / "gpu_rehearsal.keras")
+    for a, b in zip(one, _weights(tmp_path / "out" / "gpu_rehearsal.keras")):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)

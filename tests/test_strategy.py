@@ -242,6 +242,25 @@ def test_the_per_worker_devices_hook_exists_in_this_tensorflow():
                             None))
 
 
+def test_the_preemption_handler_hooks_exist_in_this_tensorflow():
+    # if this fails, a cluster's SIGTERM no longer stops every worker at one step
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler
+    for name in ("_stop_cluster_wise_termination_watcher_thread",
+                 "_stop_poll_termination_signal_thread", "save_checkpoint_if_preempted"):
+        assert callable(getattr(handler, name, None)), name
+    assert workarounds.preemption_handler_acts()  # off Google Cloud it acts
+
+
+def test_the_preemption_handler_is_for_clusters_only(tmp_path):
+    from pyimagesearch import preemption
+
+    def never():
+        raise AssertionError("not called")
+
+    for alone in (tf.distribute.get_strategy(), strategy.get_strategy("gpu", rehearse=2)):
+        assert preemption.cluster_handler(alone, str(tmp_path), never, never) is None
+
+
 def test_every_strategy_gets_plain_device_buffers(monkeypatch):
     rehearsal = strategy.get_strategy("gpu", rehearse=2)
     ops = _device_buffer_hook()
@@ -283,6 +302,7 @@ def test_several_gpu_machines_all_reduce_with_nccl(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices",
                         lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
+    monkeypatch.setattr(strategy, "wait_for_peers", lambda cluster, timeout_s: None)
     cluster = type("Cluster", (), {"workers": 2})()
     strategy.multi_worker_strategy(cluster)
     nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
