@@ -132,6 +132,7 @@ TFR = "tfrecord_training/{}/cpu.json"
 MW = "multi_worker/gpu_rehearsal.json"
 RESUMED = "resume/cpu.json"
 PREEMPTED = "preemption/cpu.json"
+CLUSTER_PREEMPTED = "preemption/cluster/gpu_rehearsal.json"
 INTEL = "machines/intel_xeon.json"
 
 
@@ -359,6 +360,10 @@ QUOTES += [
               "spe": Figure(PREEMPTED, ("steps_per_epoch",)),
               "rest": Computed(PREEMPTED, lambda r: r["resumed_from_step"] % r["steps_per_epoch"]),
               **{f"v{i}": Figure(PREEMPTED, ("val_loss", i), "{:.6f}") for i in range(4)}}),
+    Quote("docs/fault-tolerance-and-tensorboard.md",
+          "`resumed_from_step` {step} and val_loss {v0}, {v1}, {v2}, {v3}; by hand", {
+              "step": Figure(CLUSTER_PREEMPTED, ("resumed_from_step",)),
+              **{f"v{i}": _val(CLUSTER_PREEMPTED, i) for i in range(4)}}),
     Quote("docs/fault-tolerance-and-tensorboard.md",
           "more epoch, reached {v0}, {v1}, {v2}, {v3} in its first four", {
               f"v{i}": Figure(QUICK_START_RECORD, ("val_loss", i), "{:.6f}")
