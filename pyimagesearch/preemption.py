@@ -79,8 +79,9 @@ def cluster_handler(strategy, folder, save, stop):
             or resolver is None or not resolver.cluster_spec().jobs):
         return None
     if not preemption_handler_acts():
-        print("[INFO] TensorFlow's preemption handler does not act on Google Cloud CPU "
-              "VMs: a worker's SIGTERM saves only its own backup", flush=True)
+        print("[INFO] TensorFlow's preemption handler does nothing on Google Cloud CPU VMs: "
+              "a worker that gets SIGTERM saves and stops alone, and the restarted cluster "
+              "resumes from the chief's last backup", flush=True)
         return None
     # the handler reads its own deprecated total_run_calls when it saves
     tf.get_logger().addFilter(lambda record: "total_run_calls" not in record.getMessage())

@@ -261,6 +261,21 @@ def test_the_preemption_handler_is_for_clusters_only(tmp_path):
         assert preemption.cluster_handler(alone, str(tmp_path), never, never) is None
 
 
+def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
+        monkeypatch, tmp_path, capsys):
+    from pyimagesearch import preemption
+
+    class Cluster:  # a multi-worker strategy's cluster, as far as the handler looks
+        cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}),
+            task_type="worker", task_id=0)
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Cluster)
+    monkeypatch.setattr(preemption, "preemption_handler_acts", lambda: False)
+    assert preemption.cluster_handler(Cluster(), str(tmp_path), None, None) is None
+    assert "does nothing on Google Cloud CPU VMs" in capsys.readouterr().out
+
+
 def test_every_strategy_gets_plain_device_buffers(monkeypatch):
     rehearsal = strategy.get_strategy("gpu", rehearse=2)
     ops = _device_buffer_hook()
