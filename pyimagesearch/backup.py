@@ -15,6 +15,7 @@ share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
+import os
 import shutil
 
 import keras
@@ -45,6 +46,14 @@ def identity(plan, source):
             "seed": settings.seed, "jit_compile": settings.jit_compile}
 
 
+def _within(path, folder):
+    """Whether `path` is `folder` or inside it (local paths or URLs such as gs://)."""
+    if "://" not in path and "://" not in folder:
+        path, folder = os.path.abspath(path), os.path.abspath(folder)
+    path, folder = path.rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(folder + "/")
+
+
 class Backup(keras.callbacks.Callback):
     """The run's backup folder: refuse another run's, resume this one's, keep it current.
 
@@ -57,6 +66,7 @@ class Backup(keras.callbacks.Callback):
     def __init__(self, plan, source):
         super().__init__()
         self.folder = plan.settings.backup_dir
+        self.output_dir = plan.settings.output_dir
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
         self.is_chief, self.workers = plan.is_chief, plan.workers
@@ -71,6 +81,10 @@ class Backup(keras.callbacks.Callback):
         that all found the same, so that all stop or none (a refused backup
         too); only then does the chief write run.json.
         """
+        if _within(self.output_dir, self.folder):
+            raise UserError(f"--output-dir {self.output_dir} is inside --backup-dir "
+                            f"{self.folder}, which is deleted when the run ends; give "
+                            "them separate folders")
         step, refusal = self._checkpoint_step(), self._refusal()
         check_workers_agree(cluster, {"backup": refusal or f"{step:,} steps done"},
                             topic="backup")
@@ -82,6 +96,12 @@ class Backup(keras.callbacks.Callback):
         self.start_step = step
         epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
+        if not (isinstance(history, dict) and all(
+                isinstance(history.get(key), list) and all(
+                    isinstance(value, (int, float)) for value in history[key])
+                for key in self.history)):
+            raise UserError(f"{join(self.folder, HISTORY)} does not hold a backup's losses; "
+                            "delete the backup folder to start fresh")
         self.history = {key: list(history[key][:epochs_done]) for key in self.history}
         if step > self.epochs * self.steps_per_epoch:
             raise UserError(f"the backup in {self.folder} has {epochs_done} epochs done, more "
@@ -100,6 +120,9 @@ class Backup(keras.callbacks.Callback):
     def _refusal(self):
         """Why the folder cannot be this run's backup; None if it is empty or this run's."""
         saved = self._read(RUN)
+        if saved is not None and not isinstance(saved, dict):
+            return (f"{join(self.folder, RUN)} does not describe a run; delete the "
+                    "backup folder to start fresh")
         has_state = tf.io.gfile.exists(self.folder) and bool(tf.io.gfile.listdir(self.folder))
         if saved is None and has_state:
             return (f"--backup-dir {self.folder} holds files of something else; "
@@ -119,10 +142,17 @@ class Backup(keras.callbacks.Callback):
 
     def _checkpoint_step(self):
         """The global steps the checkpoint has trained (0 without one)."""
+        folder = join(self.folder, CHECKPOINTS)
         try:
-            latest = tf.train.latest_checkpoint(join(self.folder, CHECKPOINTS))
-            if latest is None:
+            if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
+                raise ValueError(f"{folder} is a file, not a folder")
+            state = tf.train.get_checkpoint_state(folder)
+            if state is None or not state.model_checkpoint_path:
                 return 0
+            latest = state.model_checkpoint_path
+            if not tf.io.gfile.exists(latest + ".index"):
+                # (tf.train.latest_checkpoint would log an error and report none)
+                raise ValueError(f"{latest}, which its state file names, is missing")
             return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
         except (ValueError, IndexError, tf.errors.OpError) as error:
             raise self._broken(error) from error

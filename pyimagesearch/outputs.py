@@ -5,8 +5,8 @@ Keras write local files), then copied next to their destination under
 temporary names and renamed over the old ones, all through `tf.io.gfile`, so
 the destination may be a local folder or a bucket (`gs://...`, or `ram://` in
 tests). Nothing is renamed until every file is written and copied: a failure
-leaves the old outputs as they were. A local rename is atomic; on a bucket a
-rename is a copy, which can fail half-way only between files.
+leaves the old outputs as they were: the old files are renamed aside first and
+put back if any step fails.
 """
 import os
 import platform
@@ -18,6 +18,7 @@ import matplotlib
 import tensorflow as tf
 
 from pyimagesearch import config
+from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.files import join, scratch_folder, write_json
 from pyimagesearch.strategy import collective_communication
 
@@ -55,21 +56,46 @@ class StagedOutputs:
         return False
 
     def _publish(self):
-        """Copy every staged file beside its destination, then rename them all."""
+        """Copy every staged file beside its destination, then swap them all in.
+
+        The old outputs are first renamed aside; if any step fails, what was
+        moved is put back, so the folder holds the old set or the new set,
+        never a mix of the two.
+        """
         pid = os.getpid()
-        moves = [(join(self.folder, f".{name}.{pid}.tmp"), join(self.folder, name))
-                 for name in self._names]
+        moves = [(join(self.folder, f".{name}.{pid}.tmp"), join(self.folder, name),
+                  join(self.folder, f".{name}.{pid}.old")) for name in self._names]
+        for _, final, _ in moves:
+            if tf.io.gfile.isdir(final):
+                raise UserError(f"cannot write {final}: a folder has that name; move it "
+                                "away (earlier outputs are untouched)")
+        aside, placed = [], []
         try:
-            for name, (temporary, _) in zip(self._names, moves):
+            for name, (temporary, _, _) in zip(self._names, moves):
                 tf.io.gfile.copy(os.path.join(self._scratch, name), temporary,
                                  overwrite=True)
-            for temporary, final in moves:
+            for _, final, old in moves:
+                if tf.io.gfile.exists(final):
+                    tf.io.gfile.rename(final, old, overwrite=True)
+                    aside.append((old, final))
+            for temporary, final, _ in moves:
                 tf.io.gfile.rename(temporary, final, overwrite=True)
+                placed.append(final)
+        except (OSError, tf.errors.OpError) as error:
+            for final in placed:
+                tf.io.gfile.remove(final)
+            for old, final in aside:
+                tf.io.gfile.rename(old, final, overwrite=True)
+            aside = []
+            raise UserError(f"cannot replace the outputs in {self.folder} "
+                            f"({first_line(error)}); earlier outputs are untouched") from error
         finally:
             # nothing temporary stays behind, whether a copy or a rename failed
-            for temporary, _ in moves:
+            for temporary, _, _ in moves:
                 if tf.io.gfile.exists(temporary):
                     tf.io.gfile.remove(temporary)
+            for old, _ in aside:
+                tf.io.gfile.remove(old)
 
 
 def reconstruction_figure(inputs, predictions, title=None):

@@ -85,6 +85,48 @@ def test_a_truncated_checkpoint_is_one_line(left_backup):
     assert data.exists()  # the backup is left for the user to look at
 
 
+def _replace_checkpoints_with_a_file(backup):
+    import shutil
+    shutil.rmtree(backup / "checkpoints")
+    (backup / "checkpoints").write_text("not a folder")
+
+
+def _remove_the_index(backup):
+    next((backup / "checkpoints").glob("*.index")).unlink()
+
+
+def _name_a_missing_checkpoint(backup):
+    state = backup / "checkpoints" / "checkpoint"
+    state.write_text('model_checkpoint_path: "ckpt-999"\n')
+
+
+@pytest.mark.parametrize("damage, complaint", [
+    (_replace_checkpoints_with_a_file, "is a file, not a folder"),
+    (_remove_the_index, r"ckpt-\d+, which its state file names, is missing"),
+    (_name_a_missing_checkpoint, "ckpt-999, which its state file names, is missing"),
+    (lambda b: (b / "history.json").write_text('{"loss": "x", "val_loss": 3}'),
+     "does not hold a backup's losses"),
+    (lambda b: (b / "run.json").write_text("[1, 2]"), "does not describe a run"),
+])
+def test_a_broken_backup_is_one_line_and_left_in_place(left_backup, damage, complaint,
+                                                      capfd):
+    backup, args = left_backup
+    damage(backup)
+    before = sorted(p.name for p in backup.rglob("*"))
+    with pytest.raises(UserError, match=complaint + ".*delete the backup folder"):
+        train_cpu.main(args)
+    assert sorted(p.name for p in backup.rglob("*")) == before
+    assert "ERROR" not in capfd.readouterr().err  # TensorFlow said nothing of its own
+
+
+def test_an_output_folder_inside_the_backup_folder_is_refused(tmp_path):
+    for output in (tmp_path / "both", tmp_path / "both" / "out"):
+        with pytest.raises(UserError, match="is inside --backup-dir .* separate folders"):
+            train_cpu.main(TINY + ["--backup-dir", str(tmp_path / "both"),
+                                   "--output-dir", str(output)])
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))
+
+
 def test_a_rerun_after_a_failed_save_writes_the_trained_model(left_backup, tmp_path):
     import keras
     import numpy as np

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import train_cpu
 from pyimagesearch import files, outputs
+from pyimagesearch.errors import UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]
@@ -46,14 +47,56 @@ def test_a_failed_publish_keeps_the_old_files_in_the_bucket(monkeypatch):
         real_copy(source, target, overwrite=overwrite)
 
     monkeypatch.setattr(tf.io.gfile, "copy", copy_then_fail)
-    with pytest.raises(tf.errors.UnavailableError):
-        with outputs.StagedOutputs(folder) as staged:
-            for name in ("a.json", "b.json"):
-                files.write_json(staged.path(name), {"new": 1})
-    for name in ("a.json", "b.json"):
+    with pytest.raises(UserError, match="bucket went away.*earlier outputs are untouched"):
+        _publish(folder, ("a.json", "b.json"))
+    _assert_old(folder, ("a.json", "b.json"))
+
+
+def _publish(folder, names):
+    with outputs.StagedOutputs(folder) as staged:
+        for name in names:
+            files.write_json(staged.path(name), {"new": 1})
+
+
+def _assert_old(folder, names):
+    for name in names:
         with tf.io.gfile.GFile(f"{folder}/{name}") as handle:
             assert handle.read() == "old"
-    assert sorted(tf.io.gfile.listdir(folder)) == ["a.json", "b.json"]  # no temporaries
+    assert sorted(tf.io.gfile.listdir(folder)) == sorted(names)  # no temporaries
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3, 4, 5])
+def test_a_rename_that_fails_at_any_point_puts_every_old_file_back(monkeypatch, failing):
+    # an immutable file, a permission, a bucket that goes away between two renames
+    folder = f"ram://bucket/renames{failing}"
+    names = ("a.json", "b.json", "c.json")
+    tf.io.gfile.makedirs(folder)
+    for name in names:
+        with tf.io.gfile.GFile(f"{folder}/{name}", "w") as handle:
+            handle.write("old")
+    real_rename, calls = tf.io.gfile.rename, []
+
+    def rename_then_fail(source, target, overwrite=False):
+        calls.append(target)
+        if len(calls) == failing:
+            raise tf.errors.PermissionDeniedError(None, None, "Operation not permitted")
+        real_rename(source, target, overwrite=overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", rename_then_fail)
+    with pytest.raises(UserError, match="Operation not permitted"):
+        _publish(folder, names)
+    monkeypatch.setattr(tf.io.gfile, "rename", real_rename)
+    _assert_old(folder, names)
+
+
+def test_a_folder_in_the_way_of_an_output_is_one_line(tmp_path):
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "c.json").mkdir()
+    with pytest.raises(UserError, match=r"c.json: a folder has that name"):
+        _publish(str(tmp_path), ("a.json", "b.json", "c.json"))
+    assert (tmp_path / "a.json").read_text() == "old" == (tmp_path / "b.json").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json", "c.json"]
 
 
 def test_an_unreachable_bucket_is_one_line_and_no_local_folder(repo, tmp_path):
