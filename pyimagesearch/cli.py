@@ -64,6 +64,8 @@ non_negative_int.__name__ = "non-negative integer"
 
 
 MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
+MAX_EPOCHS = 100_000          # with MAX_STEPS_PER_EPOCH, the steps still fit an int64
+MAX_STEPS_PER_EPOCH = 1_000_000
 STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
 MAX_STARTUP_TIMEOUT_S = 86_400.0  # s; TensorFlow takes the limit in milliseconds, as int64
 
@@ -81,9 +83,12 @@ def step_range(text):
 
 
 def positive_float(text):
-    """A float > 0."""
-    value = _number(float, 0.0, text)
-    if value == 0.0 or value == float("inf"):
+    """A finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0.0 < value < float("inf"):  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
 
@@ -103,7 +108,7 @@ def build_parser(device, description):
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     on_tpu = device == "tpu"
-    parser.add_argument("--epochs", type=positive_int, default=config.EPOCHS,
+    parser.add_argument("--epochs", type=bounded_int(1, MAX_EPOCHS), default=config.EPOCHS,
                         help="training epochs (default %(default)s)")
     parser.add_argument(
         "--batch-size", type=positive_int,
@@ -112,7 +117,7 @@ def build_parser(device, description):
               "batch per replica; the global batch is this times the replica count")
         + " (default %(default)s)")
     parser.add_argument(
-        "--steps-per-epoch", type=positive_int, default=None,
+        "--steps-per-epoch", type=bounded_int(1, MAX_STEPS_PER_EPOCH), default=None,
         help=f"training steps per epoch (default: {config.TRAIN_IMAGES:,} images "
              "divided by the global batch; more steps fight the large-batch blur)")
     parser.add_argument("--data-source", choices=SOURCES, default="auto",
@@ -185,6 +190,10 @@ def build_parser(device, description):
 
 def check_output_file(path):
     """Prove that `path` can be written (its folder is created if needed)."""
+    import tensorflow as tf
+
+    if tf.io.gfile.isdir(path):
+        raise UserError(f"cannot write {path}: it is a folder; give a file name")
     check_output_dir(os.path.dirname(path) or ".")
 
 
@@ -220,6 +229,10 @@ def check_run_flags(settings, is_chief=True):
     """
     if settings.backup_every and not settings.backup_dir:
         raise UserError("--backup-every needs --backup-dir")
+    for flag in ("output_dir", "backup_dir", "logdir", "data_dir"):
+        if getattr(settings, flag) == "":
+            raise UserError(f"--{flag.replace('_', '-')} is empty; give a folder, "
+                            "or leave the flag out")
     if is_chief:
         for folder in (settings.output_dir, settings.backup_dir, settings.logdir):
             if folder:

@@ -105,10 +105,15 @@ def read_tf_config(environ=os.environ):
     for role in (*ROLES, EVALUATOR):
         hosts = cluster.get(role, [])
         if not isinstance(hosts, list) or not all(
-                isinstance(h, str) and h.rpartition(":")[2].isdigit() for h in hosts):
+                isinstance(h, str) and _port(h) for h in hosts):
             raise UserError(f'TF_CONFIG\'s cluster "{role}" must be a list of '
-                            f'"host:port" strings, got {hosts!r}')
+                            f'"host:port" strings (port 1 to 65535), got {hosts!r}')
         tasks[role] = hosts
+    training = tasks["chief"] + tasks["worker"]
+    twice = sorted({address for address in training if training.count(address) > 1})
+    if twice:
+        raise UserError(f"TF_CONFIG's cluster names {', '.join(twice)} more than once; "
+                        "every task needs a host:port of its own")
     if len(tasks["chief"]) > 1:
         raise UserError("TF_CONFIG's cluster may name one chief at most")
     if not isinstance(task, dict):
@@ -138,6 +143,14 @@ def read_tf_config(environ=os.environ):
                   for i, host in enumerate(tasks[role]) if (role, i) != (task_type, index))
     return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers,
                    address=tasks[task_type][index])
+
+
+def _port(address):
+    """The port of "host:port" as an int, None unless it is 1 to 65535 in ASCII digits."""
+    host, _, port = address.rpartition(":")
+    if host and re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535:
+        return int(port)
+    return None
 
 
 def wait_for_peers(cluster, timeout_s, poll_s=0.5):
@@ -171,7 +184,7 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     try:
         while True:
             waiting = {name: address for name, address in waiting.items()
-                       if not _answers(address)}
+                       if not answers(address)}
             if not waiting:
                 return
             if time.monotonic() >= deadline:
@@ -199,7 +212,7 @@ def _is_loopback(host):
         return False
 
 
-def _answers(address, timeout_s=1.0):
+def answers(address, timeout_s=1.0):
     """Whether `address` ("host:port") takes a TCP connection now."""
     host, _, port = address.rpartition(":")
     try:
@@ -212,7 +225,7 @@ def _answers(address, timeout_s=1.0):
 def missing_peers(cluster, timeout_s=2.0):
     """The peers whose address takes no TCP connection now (their server is not up)."""
     return [f"{name} ({address})" for name, address in cluster.peers
-            if not _answers(address, timeout_s)]
+            if not answers(address, timeout_s)]
 
 
 def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):

@@ -206,6 +206,12 @@ def tfds_prepared(data_name, data_dir):
     absl_logger.setLevel(logging.ERROR)
     try:
         return tfds.builder(data_name, data_dir=data_dir).is_prepared()
+    except Exception as error:  # tfds raises what its readers raise: protobuf, JSON, OS
+        where = data_dir or "tfds' default data dir"
+        raise UserError(f"cannot read the prepared {data_name} in {where} "
+                        f"({type(error).__name__}: {first_line(error)}); delete its "
+                        f"{data_name} folder and prepare it again (tools/prepare_mnist.py), "
+                        "or use --data-source sample") from error
     finally:
         absl_logger.setLevel(level)
 

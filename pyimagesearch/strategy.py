@@ -12,7 +12,7 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.cluster import missing_peers, wait_for_peers
+from pyimagesearch.cluster import answers, missing_peers, wait_for_peers
 from pyimagesearch.errors import PeerLost, UserError, first_line
 from pyimagesearch.workarounds import (bound_cluster_start, local_cpu_devices,
                                       native_stderr_quiet, plain_device_buffers)
@@ -206,6 +206,11 @@ def tpu_strategy(tpu=None):
     """Find, connect to and initialise the TPU system, then build a TPUStrategy."""
     plain_device_buffers()
     resolver = _find_tpu(tpu)
+    address = resolver.master()
+    if address.startswith("grpc://") and not answers(address[len("grpc://"):], timeout_s=10):
+        # TensorFlow would wait for it for ever, deaf to SIGTERM and Ctrl-C
+        raise UserError(f"nothing answers at {address}, where the TPU should be; check "
+                        f"its address, or {_REHEARSE_TPU}")
     connected = False
     try:
         with native_stderr_quiet(_TPU_ERRORS):

@@ -230,10 +230,12 @@ def _check_metadata(path, metadata):
         fail("no splits listed")
     for split, entry in splits.items():
         shards = entry.get("shards") if isinstance(entry, dict) else None
-        if not shards or not all(isinstance(shard, dict)
+        if not shards or not isinstance(shards, list) or not all(isinstance(shard, dict)
                                  and isinstance(shard.get("file"), str)
                                  and "/" not in shard["file"]
                                  and isinstance(shard.get("records"), int)
+                                 and not isinstance(shard["records"], bool)
+                                 and shard["records"] >= 0
                                  for shard in shards):
             fail(f"split {split!r} lists no shards, or shards without file and records")
         if entry.get("images") != sum(shard["records"] for shard in shards):

@@ -39,6 +39,22 @@ def test_a_batch_larger_than_the_data_is_refused_before_training(tmp_path):
                         "--data-source", "sample", "--output-dir", str(tmp_path)])
 
 
+def test_the_largest_accepted_sizes_parse():
+    args = cli.build_parser("gpu", "").parse_args(
+        ["--epochs", "100000", "--steps-per-epoch", "1000000", "--startup-timeout", "86400",
+         "--rehearse", "64"])
+    assert (args.epochs, args.steps_per_epoch, args.startup_timeout, args.rehearse) == (
+        100_000, 1_000_000, 86_400.0, 64)
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--backup-dir", "--logdir", "--data-dir"])
+def test_an_empty_folder_flag_is_one_line(flag, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=f"^{flag} is empty"):
+        train_cpu.main(TINY + [flag, ""])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_profile_steps_after_the_end_are_refused(tmp_path):
     with pytest.raises(UserError, match="--profile-steps 4,9 starts after the last of the "
                                         "run's 3 steps"):
@@ -47,7 +63,13 @@ def test_profile_steps_after_the_end_are_refused(tmp_path):
 
 @pytest.mark.parametrize("flags, complaint", [
     (["--rehearse", "65"], "must be at most 64"), (["--rehearse", "0"], "must be at least 1"),
-    (["--startup-timeout", "0"], "finite number above 0")])
+    (["--startup-timeout", "0"], "finite number above 0"),
+    (["--startup-timeout", "86401"], "must be at most 86400 (a day)"),
+    (["--epochs", "100001"], "must be at most 100000"),
+    (["--epochs", "100000000000000000000"], "must be at most 100000"),
+    (["--steps-per-epoch", "1000001"], "must be at most 1000000"),
+    (["--learning-rate", "-0.01"], "must be a finite number above 0, got -0.01"),
+    (["--learning-rate", "nan"], "must be a finite number above 0, got nan")])
 def test_sizes_that_take_the_machine_down_are_flag_errors(flags, complaint, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.build_parser("gpu", "").parse_args(flags)
@@ -199,3 +221,14 @@ def test_launch_workers_refuses_more_workers_than_the_machine_holds(repo):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "from 2 to 16, got 100" in lines[0], result.stderr
+
+
+def test_a_broken_prepared_dataset_is_one_line(tmp_path):
+    from pyimagesearch import data
+
+    info = tmp_path / "mnist" / "3.0.1" / "dataset_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text("{not json")
+    with pytest.raises(UserError, match=r"^cannot read the prepared mnist in .*prepare it "
+                                        "again"):
+        data.tfds_prepared("mnist", str(tmp_path))

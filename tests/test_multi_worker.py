@@ -46,6 +46,12 @@ def test_a_two_worker_tf_config_is_read():
     (_config({"worker": ["a:1", "b:2"], "ps": ["p:3"]}, {"type": "worker", "index": 0}),
      "no parameter servers"),
     (_config({"worker": ["a", "b:2"]}, {"type": "worker", "index": 0}), "host:port"),
+    (_config({"worker": ["a:1", "b:\u00b2"]}, {"type": "worker", "index": 0}), "port 1 to"),
+    (_config({"worker": ["a:1", "b:99999"]}, {"type": "worker", "index": 0}), "port 1 to"),
+    (_config({"worker": ["a:1", "b:0"]}, {"type": "worker", "index": 0}), "port 1 to"),
+    (_config({"worker": [":1", "b:2"]}, {"type": "worker", "index": 0}), "port 1 to"),
+    (_config({"chief": ["a:1"], "worker": ["a:1"]}, {"type": "worker", "index": 0}),
+     "names a:1 more than once"),
     ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]}})}, '"task"'),
 ])
 def test_a_broken_tf_config_is_a_user_error(environ, complaint):
@@ -175,7 +181,7 @@ def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     assert run.read_until(r"\[worker 0\] Epoch 2/5"), "\n".join(run.lines)
     os.kill(run.pids[1], signal.SIGKILL)
     status, err = run.finish(timeout=240)
-    assert status == 1
+    assert status == 128 + signal.SIGKILL  # as the killed worker's
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "worker 1 exited with killed by SIGKILL" in lines[0], err
     # the survivor noticed by itself and said so in one line, no traceback
@@ -189,18 +195,22 @@ def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
 def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
     run = launch(2, ["--rehearse", "1", "--epochz", "1"])
     status, err = run.finish()
-    assert status == 1 and "exited with status 2" in err and "Traceback" not in err
+    assert status == 2 and "exited with status 2" in err and "Traceback" not in err
     assert any("unrecognized arguments: --epochz" in line for line in run.lines)
     assert not any(_alive(pid) for pid in run.pids.values())
 
 
-def test_ctrl_c_stops_every_worker(launch, tmp_path):
+@pytest.mark.parametrize("sig, status, said", [
+    (signal.SIGINT, 130, "interrupted; all workers stopped"),
+    (signal.SIGTERM, 143, "stopped by SIGTERM; all workers stopped")])
+def test_ctrl_c_or_sigterm_to_the_launcher_stops_every_worker(launch, tmp_path, sig, status,
+                                                             said):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
                      "--output-dir", str(tmp_path)])
     assert run.read_until(r"\[worker 1\] \[INFO\] loading"), "\n".join(run.lines)
-    os.kill(run.process.pid, signal.SIGINT)
-    status, err = run.finish(timeout=120)
-    assert status == 130 and "interrupted; all workers stopped" in err
+    os.kill(run.process.pid, sig)
+    stopped, err = run.finish(timeout=120)
+    assert stopped == status and said in err
     assert not any(_alive(pid) for pid in run.pids.values())
 
 
@@ -212,7 +222,7 @@ def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     run = launch(2, flags)
     assert run.read_until(r"\[worker 0\] Epoch 3/4"), "\n".join(run.lines)
     os.kill(run.pids[1], signal.SIGKILL)
-    assert run.finish(timeout=240)[0] == 1
+    assert run.finish(timeout=240)[0] == 128 + signal.SIGKILL
     again = launch(2, flags)  # the same command: TensorFlow's fault-tolerance pattern
     status, err = again.finish()
     assert status == 0, "\n".join(again.lines[-20:]) + err
@@ -234,7 +244,7 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
     assert run.read_until(r"\[worker 1\] Epoch 2/4"), "\n".join(run.lines)
     os.kill(run.pids[1], signal.SIGTERM)  # the worker that is not the chief
     status, err = run.finish(timeout=240)
-    assert status == 1 and "worker 1 exited with status 143" in err, err
+    assert status == 143 and "worker 1 exited with status 143" in err, err
     errors = {int(line[8]): line for line in run.lines if ": error: " in line}
     assert sorted(errors) == [0, 1], "\n".join(run.lines[-30:])
     assert "stopped by SIGTERM after" in errors[1]

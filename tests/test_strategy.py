@@ -160,6 +160,9 @@ def _fake_resolver(monkeypatch, init):
         def __init__(self, tpu=None):
             init(tpu)
 
+        def master(self):
+            return ""  # as on a TPU VM: no address to probe (none but loopback here)
+
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
                         FakeResolver)
 
@@ -221,6 +224,19 @@ def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env):
     with pytest.raises(UserError, match=r"^could not connect to TPU 'grpc://10\.0\.0\.2"
                                         r":8470' \(TensorFlow said: failed to connect"):
         strategy.tpu_strategy("grpc://10.0.0.2:8470")
+
+
+def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        closed = probe.getsockname()[1]
+    address = f"grpc://127.0.0.1:{closed}"
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver
+    monkeypatch.setattr(strategy, "_find_tpu", lambda tpu: resolver(tpu=address))
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", None)  # never reached
+    with pytest.raises(UserError, match=f"^nothing answers at {address}, where the TPU"):
+        strategy.tpu_strategy(address)
 
 
 def _device_buffer_hook():

@@ -274,6 +274,19 @@ def test_corrupt_metadata(folder, text, complaint):
         data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
+@pytest.mark.parametrize("splits", [
+    {"train": {"images": "many", "shards": 3}, "test": None},
+    {"train": {"images": 1, "shards": [{"file": "a", "records": True}]}},
+    {"train": {"images": -1, "shards": [{"file": "a", "records": -1}]}},
+    {"train": {"images": 1, "shards": "a"}},
+])
+def test_metadata_of_the_wrong_types(folder, splits):
+    metadata = json.loads((folder / "metadata.json").read_text())
+    (folder / "metadata.json").write_text(json.dumps({**metadata, "splits": splits}))
+    with pytest.raises(UserError, match="metadata.json: split 'train' lists no shards"):
+        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
 def test_counts_that_disagree_with_the_metadata(folder):
     metadata = json.loads((folder / "metadata.json").read_text())
     metadata["splits"][VAL]["shards"][1]["records"] += 1

@@ -42,9 +42,12 @@ def main(argv=None):
     parser.add_argument("--setups", nargs="+", choices=tuple(SETUPS), default=None,
                         help="set-ups to time (default: float32, the 16-bit type the "
                              "device is made for, xla)")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=config.BATCH_SIZE,
-                        help="batch (default %(default)s)")
-    parser.add_argument("--steps", type=cli.positive_int, default=None,
+    parser.add_argument("--batch-size", type=cli.bounded_int(1, config.TRAIN_IMAGES),
+                        default=config.BATCH_SIZE,
+                        help=f"batch, at most MNIST's {config.TRAIN_IMAGES:,} training "
+                             "images (default %(default)s)")
+    parser.add_argument("--steps", type=cli.bounded_int(1, cli.MAX_STEPS_PER_EPOCH),
+                        default=None,
                         help="steps per epoch (default: 60,000 images / batch)")
     parser.add_argument("--trials", type=cli.positive_int, default=3,
                         help="rounds over the set-ups (default %(default)s)")

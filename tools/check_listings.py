@@ -18,9 +18,16 @@ import json
 import os
 import platform
 import re
+import pathlib
 import subprocess
 import sys
 import time
+
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from pyimagesearch import cli
 
 MATMUL = '''
 import tensorflow as tf
@@ -240,8 +247,8 @@ def requirements():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.OneLineParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where the record goes")
     parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
                         metavar="NAME",
@@ -250,6 +257,7 @@ def main(argv=None):
                         help="a folder holding the tf_keras package, if it is not installed "
                              "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
+    cli.check_output_file(args.json)  # before the listings run, not after
     import keras
     import tensorflow as tf
 
@@ -266,10 +274,9 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as handle:
         json.dump(record, handle, indent=2)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_main(main)

@@ -7,9 +7,9 @@ Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
 real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
 (see the README). Output lines are prefixed with the worker's index. When
 a worker fails or is killed, the others are stopped (SIGTERM, then SIGKILL
-after STOP_GRACE_SECONDS) and the launcher exits non-zero with one line
-naming the worker and its exit status. The others first get
-PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
+after STOP_GRACE_SECONDS) and the launcher exits with that worker's status
+(128 + N for a signal N), after one line naming the worker and its status.
+The others first get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
 what a real cluster's survivors do), then SIGTERM, then SIGKILL after
 STOP_GRACE_SECONDS: within a minute in all. Ctrl-C stops them all at once.
 No process is left behind.
@@ -103,6 +103,14 @@ def tf_config(ports, index):
     """The TF_CONFIG of worker `index` in a cluster on `ports` of 127.0.0.1."""
     return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
                        "task": {"type": "worker", "index": index}})
+
+
+class Terminated(Exception):
+    """The launcher got SIGTERM."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def describe(status):
@@ -215,7 +223,7 @@ def main(argv):
         bring_up_loopback()
 
     # SIGTERM (a test's clean-up, a job scheduler) stops the workers like Ctrl-C
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
     cluster = Workers()
     try:
         cluster.start(command, args.workers)
@@ -224,6 +232,9 @@ def main(argv):
             deadline = time.monotonic() + PEER_GRACE_SECONDS
             while cluster.running() and time.monotonic() < deadline:
                 time.sleep(0.2)
+    except Terminated:
+        cluster.stop()
+        fail("stopped by SIGTERM; all workers stopped", status=143)
     except KeyboardInterrupt:
         cluster.stop()
         fail("interrupted; all workers stopped", status=130)
@@ -235,8 +246,11 @@ def main(argv):
         cluster.say(f"[launch] all {args.workers} workers finished")
         return
     index, status = failure
+    # the launcher exits as its first failed worker did (a signal N as 128 + N, as a
+    # shell reports it), so a scheduler reads the same status: 2 bad input, 138 a
+    # lost peer, 143 SIGTERM
     fail(f"worker {index} exited with {describe(status)}; stopped the other "
-         f"{args.workers - 1}", status=1)
+         f"{args.workers - 1}", status=status if status > 0 else 128 - status)
 
 
 if __name__ == "__main__":
