@@ -189,7 +189,11 @@ def comparison_figure(runs, source):
             except Exception as error:  # a damaged model file is reported, not fatal
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
     data_dir = resolve_data_dir(None) if source == "tfds" else None
-    resolved = resolve_source(source, config.DATA_NAME, data_dir)  # fails fast offline
+    try:
+        resolved = resolve_source(source, config.DATA_NAME, data_dir)  # fails fast offline
+    except UserError as error:  # its advice names the training scripts' flag
+        raise UserError(str(error).replace("--data-source sample",
+                                           "--digits-from sample")) from error
     digits = figure_digits(resolved.images(config.VALIDATION_FLAG))
 
     columns = 1 + len(models)

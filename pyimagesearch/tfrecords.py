@@ -184,7 +184,8 @@ def read_metadata(folder):
     path = join(folder, METADATA_NAME)
     try:
         if not tf.io.gfile.isdir(folder):
-            raise UserError(f"TFRecord folder {folder} does not exist "
+            what = "is a file, not a folder" if tf.io.gfile.exists(folder) else "does not exist"
+            raise UserError(f"TFRecord folder {folder} {what} "
                             "(write one with tools/write_tfrecords.py)")
         if not tf.io.gfile.exists(path):
             shards = tf.io.gfile.glob(join(folder, "*-of-*.tfrecord*"))
@@ -306,8 +307,9 @@ def verify(folder):
 def _verify_shard(path, count, size, shape, compression):
     """Check one shard: its size, readable records, their count and their shapes."""
     try:
-        if not tf.io.gfile.exists(path):
-            raise UserError(f"{path} is missing ({METADATA_NAME} lists it); "
+        if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+            what = "is a folder" if tf.io.gfile.exists(path) else "is missing"
+            raise UserError(f"{path} {what} ({METADATA_NAME} lists it as a shard); "
                             "run tools/write_tfrecords.py again")
         actual = tf.io.gfile.stat(path).length
     except tf.errors.OpError as error:

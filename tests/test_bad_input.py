@@ -211,16 +211,31 @@ def test_benchmark_profile_dir_that_is_a_file_is_one_line(tmp_path):
                                  str(blocker / "profile")])
 
 
-def test_launch_workers_refuses_more_workers_than_the_machine_holds(repo):
+@pytest.mark.parametrize("args, complaint", [
+    (["--workers", "100", "--", "train_gpu.py"], "from 2 to 16, got 100"),
+    (["--workers", "1", "--", "train_gpu.py"], "from 2 to 16, got 1"),
+    (["--", "tools"], "tools is a folder; give the training script"),
+    (["--", "no_such.py"], "no_such.py not found")])
+def test_launch_workers_refuses_what_it_cannot_start(repo, args, complaint):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "tools/launch_workers.py", "--workers", "100",
-                             "--", "train_gpu.py"], cwd=repo, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "tools/launch_workers.py", *args], cwd=repo,
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "from 2 to 16, got 100" in lines[0], result.stderr
+    assert len(lines) == 1 and complaint in lines[0], result.stderr
+
+
+def test_a_tfrecord_folder_that_is_a_file_or_a_shard_that_is_a_folder(tmp_path):
+    from pyimagesearch import data, tfrecords
+
+    (tmp_path / "metadata.json").write_text("{}")
+    with pytest.raises(UserError, match="metadata.json is a file, not a folder"):
+        data.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
+    (tmp_path / "shard").mkdir()
+    with pytest.raises(UserError, match="shard is a folder"):
+        tfrecords._verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
 
 
 def test_a_broken_prepared_dataset_is_one_line(tmp_path):

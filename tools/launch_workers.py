@@ -212,6 +212,8 @@ def main(argv):
         fail(f"--workers must be from 2 to {MAX_WORKERS}, got {args.workers}")
     if not command:
         fail("no training command after --")
+    if os.path.isdir(command[0]):
+        fail(f"{command[0]} is a folder; give the training script, e.g. train_gpu.py")
     if command[0].endswith(".py"):
         if not os.path.exists(command[0]):
             fail(f"{command[0]} not found")
