@@ -25,7 +25,7 @@ def _start(repo, args):
                             start_new_session=True)
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, loop):
     args = SHORT + ["--epochs", "4", "--loop", loop, "--backup-dir", str(tmp_path / "backup"),
                     "--output-dir", str(tmp_path / "out")]

@@ -175,6 +175,7 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # 33 s; the default run keeps a cluster that stops on a signal
 def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
                      "--output-dir", str(tmp_path)])

@@ -215,6 +215,7 @@ def test_prepare_mnist_refuses_a_prepared_data_dir(tmp_path, monkeypatch):
         prepare_mnist.prepare(str(tmp_path), idx_folder=None)
 
 
+@pytest.mark.slow  # writes all 70,000 images
 def test_full_size_stand_in_from_the_command_line_prints_only_our_line(repo, tmp_path):
     # the whole script as a reader runs it, native log level untouched (about 10 s)
     result = subprocess.run(
