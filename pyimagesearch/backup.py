@@ -93,7 +93,9 @@ class Backup(keras.callbacks.Callback):
         if self.is_chief:
             tf.io.gfile.makedirs(self.folder)
             write_json(join(self.folder, RUN), self.run)
-        self.start_step = step
+        # global steps trained, saved with the weights: counted on across both
+        # calls to fit of a run resumed mid-epoch
+        self.start_step = self._trained = step
         epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
         if not (isinstance(history, dict) and all(
@@ -178,7 +180,6 @@ class Backup(keras.callbacks.Callback):
             except (ValueError, IndexError, tf.errors.OpError) as error:
                 # IndexError: TensorFlow's "Read less bytes than requested", a cut file
                 raise self._broken(error) from error
-        self._trained = self.start_step  # global steps trained, saved with the weights
         self._since = 0
         # in a cluster, SIGTERM on any worker stops every worker at one step
         self._handlerScratch = scratch_folder("preemption") if self.workers > 1 else None

@@ -8,7 +8,7 @@ import pytest
 import train_cpu
 import train_gpu
 from pyimagesearch import cli, train
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import Preempted, UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -247,3 +247,34 @@ def test_a_broken_prepared_dataset_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"^cannot read the prepared mnist in .*prepare it "
                                         "again"):
         data.tfds_prepared("mnist", str(tmp_path))
+
+
+def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypatch):
+    # fit trains the rest of a part-trained epoch in a call of its own: the
+    # steps of both calls must reach the backup, or a later resume retrains
+    import tensorflow as tf
+
+    from pyimagesearch import preemption
+
+    args = ["--epochs", "3", "--steps-per-epoch", "32", "--batch-size", "32",
+            "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
+            "--output-dir", str(tmp_path / "out")]  # 2 executions of 16 steps per epoch
+    asked = []
+
+    def sigterm_at_the_third_question():
+        asked.append(1)
+        return len(asked) == 3  # after step 16, epoch 1's end, then step 48
+
+    with monkeypatch.context() as patch:
+        patch.setattr(preemption, "requested", sigterm_at_the_third_question)
+        with pytest.raises(Preempted, match="after 48 steps"):
+            train_cpu.main(args)
+
+    def no_disk(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(train, "save_outputs", no_disk)
+    with pytest.raises(OSError, match="disk full"):
+        train_cpu.main(args)  # the rest of epoch 2, then epoch 3; the backup stays
+    latest = tf.train.latest_checkpoint(str(tmp_path / "backup" / "checkpoints"))
+    assert tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE") == 3 * 32
