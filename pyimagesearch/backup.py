@@ -73,6 +73,7 @@ class Backup(keras.callbacks.Callback):
         self.run = identity(plan, source)
         self.history = {"loss": [], "val_loss": []}
         self.start_step = 0  # global steps trained before this run
+        self._latest = None  # the checkpoint `resume` found, restored at train begin
 
     def resume(self, cluster=None):
         """Check the folder belongs to this run; return the global steps already trained.
@@ -143,7 +144,7 @@ class Backup(keras.callbacks.Callback):
         return None
 
     def _checkpoint_step(self):
-        """The global steps the checkpoint has trained (0 without one)."""
+        """The global steps the checkpoint has trained (0 without one); keeps its path."""
         folder = join(self.folder, CHECKPOINTS)
         try:
             if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
@@ -155,9 +156,11 @@ class Backup(keras.callbacks.Callback):
             if not tf.io.gfile.exists(latest + ".index"):
                 # (tf.train.latest_checkpoint would log an error and report none)
                 raise ValueError(f"{latest}, which its state file names, is missing")
-            return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+            step = int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
         except (ValueError, IndexError, tf.errors.OpError) as error:
             raise self._broken(error) from error
+        self._latest = latest
+        return step
 
     def _broken(self, error):
         """The one-line error for a checkpoint that cannot be read."""
@@ -165,7 +168,7 @@ class Backup(keras.callbacks.Callback):
                          f"({first_line(error)}); delete the backup folder to start fresh")
 
     def on_train_begin(self, logs=None):
-        """Load the latest checkpoint, if any, into the model and its optimizer."""
+        """Load the checkpoint `resume` found, if any, into the model and its optimizer."""
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
                                          step=self._step)
@@ -173,18 +176,20 @@ class Backup(keras.callbacks.Callback):
         self._scratch = None if self.is_chief else scratch_folder("ckpt")
         self.manager = tf.train.CheckpointManager(checkpoint, self._scratch or target,
                                                   max_to_keep=1)
-        latest = tf.train.latest_checkpoint(target)
-        if latest is not None:
+        if self._latest is not None:
             try:
-                checkpoint.restore(latest).expect_partial()
+                checkpoint.restore(self._latest).expect_partial()
             except (ValueError, IndexError, tf.errors.OpError) as error:
                 # IndexError: TensorFlow's "Read less bytes than requested", a cut file
                 raise self._broken(error) from error
+            # once: a second call to fit (after a part-trained epoch) goes on
+            # from the weights in memory
+            self._latest = None
         self._since = 0
         # in a cluster, SIGTERM on any worker stops every worker at one step
-        self._handlerScratch = scratch_folder("preemption") if self.workers > 1 else None
-        self._handler = self._handlerScratch and preemption.cluster_handler(
-            tf.distribute.get_strategy(), self._handlerScratch, self._save,
+        self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
+        self._handler = self._handler_scratch and preemption.cluster_handler(
+            tf.distribute.get_strategy(), self._handler_scratch, self._save,
             self._stop_cluster_preempted)
         preemption.saving(True)
 
@@ -213,14 +218,14 @@ class Backup(keras.callbacks.Callback):
             self.history[key].append(float(logs[key]))
         if self.is_chief:
             write_json(join(self.folder, HISTORY), self.history)
-        self._stop_if_preempted(save=self._save)
+        self._stop_if_preempted()
+        self._save()
 
-    def _stop_if_preempted(self, save=None):
+    def _stop_if_preempted(self):
         """After a step: if SIGTERM came, save the backup and stop (exit status 143).
 
         Alone, this process saves at once. In a cluster TensorFlow's handler
-        decides, and every worker saves at the step it agreed on. `save`,
-        if given, is what to do when not stopping.
+        decides, and every worker saves at the step it agreed on.
         """
         if self._handler is not None:
             try:
@@ -232,8 +237,6 @@ class Backup(keras.callbacks.Callback):
             self._close()
             raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
                             f"in {self.folder} holds them: run the same command to resume")
-        if save:
-            save()
 
     def _stop_cluster_preempted(self):
         """TensorFlow's handler saved the backup on every worker: stop (exit status 143)."""
@@ -256,7 +259,7 @@ class Backup(keras.callbacks.Callback):
         preemption.saving(False)
         if self._handler is not None:
             stop_preemption_handler(self._handler)
-        for scratch in (self._scratch, self._handlerScratch):
+        for scratch in (self._scratch, self._handler_scratch):
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
 

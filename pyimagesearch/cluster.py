@@ -105,7 +105,7 @@ def read_tf_config(environ=os.environ):
     for role in (*ROLES, EVALUATOR):
         hosts = cluster.get(role, [])
         if not isinstance(hosts, list) or not all(
-                isinstance(h, str) and _port(h) for h in hosts):
+                isinstance(h, str) and _host_port(h)[1] for h in hosts):
             raise UserError(f'TF_CONFIG\'s cluster "{role}" must be a list of '
                             f'"host:port" strings (port 1 to 65535), got {hosts!r}')
         tasks[role] = hosts
@@ -145,12 +145,15 @@ def read_tf_config(environ=os.environ):
                    address=tasks[task_type][index])
 
 
-def _port(address):
-    """The port of "host:port" as an int, None unless it is 1 to 65535 in ASCII digits."""
+def _host_port(address):
+    """(host, port) of "host:port", an IPv6 host without its brackets.
+
+    The port is None unless it is 1 to 65535 in ASCII digits (str.isdigit
+    would let "²" through).
+    """
     host, _, port = address.rpartition(":")
-    if host and re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535:
-        return int(port)
-    return None
+    valid = host and re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535
+    return host.strip("[]"), int(port) if valid else None
 
 
 def wait_for_peers(cluster, timeout_s, poll_s=0.5):
@@ -165,8 +168,7 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     which finds the others up. A peer seen once may have let its port go
     for its own server already: it counts as started.
     """
-    host, _, port = cluster.address.rpartition(":")
-    port, host = int(port), host.strip("[]")
+    host, port = _host_port(cluster.address)
     try:
         if _is_loopback(host):  # a cluster on one machine: reachable from it alone
             here = socket.create_server((host, port))
@@ -188,10 +190,8 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
             if not waiting:
                 return
             if time.monotonic() >= deadline:
-                raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
-                               + ", ".join(f"{name} ({address})"
-                                           for name, address in waiting.items())
-                               + " to start (--startup-timeout)")
+                raise gave_up_waiting(cluster, timeout_s, [
+                    f"{name} ({address})" for name, address in waiting.items()])
             if not told:
                 print(f"[INFO] {cluster.name} is waiting for " + ", ".join(waiting)
                       + " to start" + (f" (up to {timeout_s:g} s)" if timeout_s < math.inf
@@ -212,11 +212,20 @@ def _is_loopback(host):
         return False
 
 
+def gave_up_waiting(cluster, timeout_s, missing, detail=None):
+    """The PeerLost of a worker that waited `timeout_s` for `missing` peers to start."""
+    return PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
+                    + (", ".join(missing) or "its peers") + " to start (--startup-timeout"
+                    + (f"; TensorFlow said: {detail}" if detail else "") + ")")
+
+
 def answers(address, timeout_s=1.0):
     """Whether `address` ("host:port") takes a TCP connection now."""
-    host, _, port = address.rpartition(":")
+    host, port = _host_port(address)
+    if port is None:
+        return False
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
         return True
     except OSError:  # refused, no route, or a name that does not resolve yet
         return False

@@ -58,6 +58,11 @@ def requested():
     return _requested.is_set()
 
 
+def _no_total_run_calls_warning(record):
+    """False for the warning the handler logs reading its own deprecated total_run_calls."""
+    return "total_run_calls" not in record.getMessage()
+
+
 def cluster_handler(strategy, folder, save, stop):
     """TensorFlow's PreemptionCheckpointHandler for a worker of a cluster; None elsewhere.
 
@@ -83,8 +88,7 @@ def cluster_handler(strategy, folder, save, stop):
               "a worker that gets SIGTERM saves and stops alone, and the restarted cluster "
               "resumes from the chief's last backup", flush=True)
         return None
-    # the handler reads its own deprecated total_run_calls when it saves
-    tf.get_logger().addFilter(lambda record: "total_run_calls" not in record.getMessage())
+    tf.get_logger().addFilter(_no_total_run_calls_warning)  # a no-op the second time
     counter = tf.train.CheckpointManager(tf.train.Checkpoint(), folder, max_to_keep=1)
     config = tf.distribute.experimental.TerminationConfig(
         termination_watcher_fn=requested, exit_fn=stop, grace_period=0, save_fn=save)

@@ -12,8 +12,8 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.cluster import answers, missing_peers, wait_for_peers
-from pyimagesearch.errors import PeerLost, UserError, first_line
+from pyimagesearch.cluster import answers, gave_up_waiting, missing_peers, wait_for_peers
+from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.workarounds import (bound_cluster_start, local_cpu_devices,
                                       native_stderr_quiet, plain_device_buffers)
 
@@ -276,11 +276,8 @@ def _while_peers_start(build, cluster, timeout_s):
         with native_stderr_quiet(late):  # our line says what TensorFlow logs at length
             return build()
     except late as error:
-        missing = missing_peers(cluster)
-        raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
-                       + (", ".join(missing) if missing else "its peers")
-                       + f" to start (--startup-timeout; TensorFlow said: "
-                       f"{first_line(error)})") from error
+        raise gave_up_waiting(cluster, timeout_s, missing_peers(cluster),
+                              first_line(error)) from error
 
 
 def collective_communication(rehearse):
