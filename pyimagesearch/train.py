@@ -201,24 +201,23 @@ def train_model(model, strategy, plan, source, trainDs, valDs, callbacks):
                              callbacks=callbacks.callbacks, initial_epoch=epoch,
                              initial_step=step, jit_compile=settings.jit_compile)
     else:
-        # one line per epoch where the output is not a terminal (a log file)
-        verbose = 1 if sys.stdout.isatty() else 2
+        def fit(data, first, epochs, steps):
+            """model.fit from epoch `first`, with this run's validation and callbacks."""
+            # one line per epoch where the output is not a terminal (a log file)
+            return model.fit(data, epochs=epochs, initial_epoch=first, steps_per_epoch=steps,
+                             validation_data=valDs, callbacks=callbacks.callbacks,
+                             shuffle=False, verbose=1 if sys.stdout.isatty() else 2).history
+
         history = {"loss": [], "val_loss": []}
         if step:
             print(f"[INFO] finishing epoch {epoch + 1}: {plan.steps_per_epoch - step} of its "
                   f"{plan.steps_per_epoch} steps are left")
-            rest = model.fit(trainDs, epochs=epoch + 1, initial_epoch=epoch,
-                             steps_per_epoch=plan.steps_per_epoch - step,
-                             validation_data=valDs, callbacks=callbacks.callbacks,
-                             shuffle=False, verbose=verbose).history
+            rest = fit(trainDs, epoch, epoch + 1, plan.steps_per_epoch - step)
             history = {key: rest[key] for key in history}
             epoch += 1
             trainDs = training_data(strategy, plan, source, skip=epoch * plan.steps_per_epoch)
         if not model.stop_training:  # also with no epoch left: fit restores the backup
-            more = model.fit(trainDs, epochs=settings.epochs, initial_epoch=epoch,
-                             steps_per_epoch=plan.steps_per_epoch, validation_data=valDs,
-                             callbacks=callbacks.callbacks, shuffle=False,
-                             verbose=verbose).history
+            more = fit(trainDs, epoch, settings.epochs, plan.steps_per_epoch)
             history = {key: history[key] + more.get(key, []) for key in history}
     losses = history["loss"] + history["val_loss"]
     if not all(math.isfinite(loss) for loss in losses):
