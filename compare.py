@@ -24,7 +24,7 @@ import statistics
 import sys
 
 from pyimagesearch import cli, config
-from pyimagesearch.errors import UserError
+from pyimagesearch.training.errors import UserError
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
 FIGURE_DPI = 100
@@ -173,11 +173,13 @@ def comparison_figure(runs, source):
     import numpy as np
 
     import pyimagesearch  # noqa: F401  (registers the model for loading)
-    from pyimagesearch.data import figure_digits, resolve_data_dir, resolve_source
-    from pyimagesearch.outputs import Figure
-    from pyimagesearch.strategy import cpu_strategy
+    from matplotlib.figure import Figure
 
-    cpu_strategy()  # quiet device discovery; a comparison needs no accelerator
+    from pyimagesearch.data import figure_digits
+    from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
+    from pyimagesearch.strategies import cpu_only
+
+    cpu_only()  # quiet device discovery; a comparison needs no accelerator
 
     records = {name: record for name, (_, _, record) in runs.items()}
     models = {}

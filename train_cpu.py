@@ -1,24 +1,105 @@
-"""Train the article's MNIST autoencoder on the CPU.
+# USAGE
+# python train_cpu.py                  # 5 epochs, batch 128, outputs/cpu.png
+# python train_cpu.py --epochs 1 --data-source sample
+"""Train the article's MNIST autoencoder on the CPU: the article's listing, step by step.
 
-    python train_cpu.py                      # 5 epochs, batch 128, outputs/cpu.png
-    python train_cpu.py --epochs 1 --data-source sample
-
-Writes outputs/cpu.png (inputs beside reconstructions), outputs/cpu.json
-(the run record) and outputs/cpu.keras (the trained model). Runs on the CPU
-even when a GPU is visible.
+Lines marked "# +" go beyond the article. Writes outputs/cpu.png, cpu.json
+(the run record) and cpu.keras.
 """
-from pyimagesearch import cli
+# import the necessary packages (pyimagesearch first: it keeps TensorFlow's
+# start-up notices off the terminal)
+from pyimagesearch import config
+from pyimagesearch.data import get_data, figure_digits
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.loss import MSELoss
+from pyimagesearch import cli, outputs, strategies  # +
+from pyimagesearch.training.loop import custom_loop  # +
+from matplotlib.figure import Figure
+import tensorflow as tf
 
 
 def main(argv=None):
-    settings = cli.run_settings(cli.build_parser("cpu", __doc__).parse_args(argv))
-    cli.read_cluster("cpu")  # refuses a cluster; an evaluator has nothing to do
-    cli.check_run_flags(settings)
+    args = cli.parse_args("cpu", __doc__, argv)  # + the flags, checked
+    # fix the random seed (Python's, NumPy's and TensorFlow's) for reproducibility
+    tf.keras.utils.set_random_seed(args.seed)
 
-    from pyimagesearch import strategy as strategies, train
-    # one device, the CPU: the strategy only pins the work there
-    strategy = strategies.cpu_strategy()
-    train.run(settings, strategy, device="cpu")
+    # the article's CPU run needs no strategy; this one only pins the work
+    # to the CPU, even where a GPU is visible, so the code below is the same
+    strategies.cpu_only()
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+    # get the number of accelerators: one, the CPU
+    numAcc = strategy.num_replicas_in_sync
+    print(f"[INFO] number of accelerators: {numAcc}")
+    plan = cli.plan("cpu", args, strategy)  # + batch, steps and data of the flags
+    run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
+
+    # get the training dataset
+    print("[INFO] loading the training and validation datasets...")
+    trainDs = get_data(dataName=config.DATA_NAME,
+        split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
+        batchSize=plan.global_batch_size, plan=plan, skip=run.start)
+
+    # get the validation dataset
+    valDs = get_data(dataName=config.DATA_NAME,
+        split=config.VALIDATION_FLAG, batchSize=plan.global_batch_size, plan=plan)
+
+    # train the model in the scope
+    with strategy.scope():
+        # initialize the autoencoder model and compile it
+        print("[INFO] initializing the model...")
+        model = AutoEncoder()
+        # scale 1 on one replica: the loss is divided by the replica count
+        # on every device (see loss.py and train_tpu.py)
+        mseLoss = MSELoss(scale=numAcc)
+        model.compile(loss=mseLoss, optimizer=plan.optimizer(),
+            steps_per_execution=plan.steps_per_execution,  # + fewer calls from Python
+            jit_compile=args.jit_compile)  # + --jit-compile: XLA
+
+        # train the model
+        print("[INFO] training the autoencoder...")
+        if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
+            history = custom_loop(model, trainDs, valDs, plan, run)
+        else:
+            # + a run resumed in mid-epoch trains the rest of that epoch first
+            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)
+            history = model.fit(trainDs, epochs=args.epochs,
+                steps_per_epoch=plan.steps_per_epoch,
+                validation_data=valDs,
+                initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
+                shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
+
+    # grab digits from the validation set and run inference: 8 spread over
+    # the split, the same for every run (the article takes valDs' first
+    # batch), repeated until every replica has some to predict
+    print("[INFO] evaluating the model...")
+    testIm = figure_digits(plan.source.images(config.VALIDATION_FLAG), numAcc)
+    predIm = model.predict(testIm, verbose=0)
+    record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
+
+    # create subplots
+    fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
+    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}")
+
+    # iterate over the subplots and fill with test and predicted images, in
+    # their true grey levels (array_to_img would stretch each one's contrast)
+    print("[INFO] displaying the predicted images...")
+    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2)
+    for ax, real, pred in zip(rows, testIm, predIm):
+        # plot the input image
+        ax[0].imshow(real[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[0].set_title("Input Image")
+
+        # plot the predicted image
+        ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[1].set_title("Predicted Image")
+
+    # save the figure, with the run record and the model beside it (+): the
+    # three replace earlier outputs together, once all are written
+    print("[INFO] saving the predicted images...")
+    with outputs.RunOutputs(plan, run, record) as staged:
+        fig.savefig(staged.path("png"), dpi=80)
+        model.save(staged.path("keras"))  # +
 
 
 if __name__ == "__main__":

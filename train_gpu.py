@@ -1,48 +1,115 @@
+# USAGE
+# python train_gpu.py                  # every visible GPU, 128 images per GPU
+# python train_gpu.py --rehearse 2     # no GPU: 2 logical CPU devices stand in
+# python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
 """Train the article's MNIST autoencoder on every visible GPU with MirroredStrategy.
 
-    python train_gpu.py                  # all visible GPUs, 128 images per GPU
-    python train_gpu.py --rehearse 2     # no GPU needed: 2 logical CPU devices
-    TF_CONFIG='{"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
-               "task": {"type": "worker", "index": 0}}' python train_gpu.py
-                                         # one worker of two machines (index 1 on host-b)
-    python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
-                                         # that cluster rehearsed on this machine
-
-One GPU is the article's case; with several, MirroredStrategy keeps a copy of
-the model on each, splits every global batch (128 x GPUs) between them and
-sums their gradients, which is why the loss is scaled by the replica count.
-Writes outputs/gpu.png, gpu.json and gpu.keras; a rehearsal writes
-gpu_rehearsal.* instead, so it cannot be mistaken for a GPU run. Under
-TF_CONFIG only the chief (or worker 0) writes, and training runs the custom
-loop (Keras 3's fit does not run under MultiWorkerMirroredStrategy).
+The article's listing, step by step; lines marked "# +" go beyond it. Under a
+TF_CONFIG of several machines this is one worker, and only the chief writes.
+Writes outputs/gpu.png, gpu.json (the run record) and gpu.keras; a rehearsal
+writes gpu_rehearsal.* instead.
 """
-from pyimagesearch import cli
-from pyimagesearch.cluster import peer_loss_reported
+# import the necessary packages (pyimagesearch first: it keeps TensorFlow's
+# start-up notices off the terminal)
+from pyimagesearch import config
+from pyimagesearch.data import get_data, figure_digits
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.loss import MSELoss
+from pyimagesearch import cli, outputs, strategies  # +
+from pyimagesearch.training.loop import custom_loop  # +
+from matplotlib.figure import Figure
+import tensorflow as tf
 
 
 def main(argv=None):
-    args = cli.build_parser("gpu", __doc__).parse_args(argv)
-    settings = cli.run_settings(args)
-    # a TF_CONFIG naming several workers makes this process one of them
-    cluster = cli.read_cluster("gpu")
-    cli.check_run_flags(settings, is_chief=cluster is None or cluster.is_chief)
+    args = cli.parse_args("gpu", __doc__, argv)  # + the flags and TF_CONFIG, checked
+    # fix the random seed (Python's, NumPy's and TensorFlow's) for reproducibility
+    tf.keras.utils.set_random_seed(args.seed)
 
-    from pyimagesearch import strategy as strategies, train
-    # MirroredStrategy over the GPUs (MultiWorkerMirroredStrategy across
-    # machines), or over N logical CPUs to rehearse
-    strategy = strategies.get_strategy("gpu", rehearse=args.rehearse, cluster=cluster,
-                                       startup_timeout_s=args.startup_timeout)
-    if cluster:
-        print(f"[INFO] {cluster.task_type} {cluster.task_index} of a {cluster.workers}-"
-              "worker cluster; custom loop, since Keras 3's fit does not run under "
-              "MultiWorkerMirroredStrategy")
-    # a collective that fails because a peer died becomes one line
-    with peer_loss_reported(cluster):
-        train.run(settings, strategy, device="gpu", rehearsal=bool(args.rehearse),
-                  cluster=cluster)
-    if cluster and not cluster.is_chief:
-        print(f"[INFO] {cluster.task_type} {cluster.task_index} done; the chief "
-              "writes the outputs")
+    # initialize the GPU strategy: MirroredStrategy over every visible GPU
+    if args.cluster:
+        # + several machines: one worker of the TF_CONFIG cluster, trained
+        #   with the custom loop (Keras 3's fit does not run under this)
+        strategy = strategies.multi_worker(args.cluster, args.rehearse,
+                                           args.startup_timeout)
+    elif args.rehearse:  # + N logical CPU devices stand in for the GPUs
+        strategy = strategies.rehearsal(args.rehearse)
+    else:
+        strategies.check_gpus()  # + no GPU, or a CUDA that will not load: one line
+        strategy = tf.distribute.MirroredStrategy()
+
+    # get the number of accelerators
+    numAcc = strategy.num_replicas_in_sync
+    print(f"[INFO] number of accelerators: {numAcc}")
+    plan = cli.plan("gpu", args, strategy)  # + batch, steps and data of the flags
+    run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
+
+    # get the training dataset
+    print("[INFO] loading the training and validation datasets...")
+    trainDs = get_data(dataName=config.DATA_NAME,
+        split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
+        batchSize=plan.global_batch_size, plan=plan, skip=run.start)
+
+    # get the validation dataset
+    valDs = get_data(dataName=config.DATA_NAME,
+        split=config.VALIDATION_FLAG, batchSize=plan.global_batch_size, plan=plan)
+
+    # train the model in the scope
+    with strategy.scope():
+        # initialize the autoencoder model and compile it
+        print("[INFO] initializing the model...")
+        model = AutoEncoder()
+        # Keras 3 sums the replicas' gradients and, unlike the article's
+        # tf.keras 2, leaves dividing this loss to us (see loss.py)
+        mseLoss = MSELoss(scale=numAcc)
+        model.compile(loss=mseLoss, optimizer=plan.optimizer(),
+            steps_per_execution=plan.steps_per_execution,  # + fewer calls from Python
+            jit_compile=args.jit_compile)  # + --jit-compile: XLA
+
+        # train the model
+        print("[INFO] training the autoencoder...")
+        if plan.loop == "custom":  # + --loop custom, and every cluster: loop.py
+            history = custom_loop(model, trainDs, valDs, plan, run)
+        else:
+            # + a run resumed in mid-epoch trains the rest of that epoch first
+            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)
+            history = model.fit(trainDs, epochs=args.epochs,
+                steps_per_epoch=plan.steps_per_epoch,
+                validation_data=valDs,
+                initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
+                shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
+
+    # grab digits from the validation set and run inference: 8 spread over
+    # the split, the same for every run (the article takes valDs' first
+    # batch), repeated until every replica has some to predict
+    print("[INFO] evaluating the model...")
+    testIm = figure_digits(plan.source.images(config.VALIDATION_FLAG), numAcc)
+    predIm = model.predict(testIm, verbose=0)
+    record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
+
+    # create subplots
+    fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
+    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}")
+
+    # iterate over the subplots and fill with test and predicted images, in
+    # their true grey levels (array_to_img would stretch each one's contrast)
+    print("[INFO] displaying the predicted images...")
+    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2)
+    for ax, real, pred in zip(rows, testIm, predIm):
+        # plot the input image
+        ax[0].imshow(real[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[0].set_title("Input Image")
+
+        # plot the predicted image
+        ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[1].set_title("Predicted Image")
+
+    # save the figure, with the run record and the model beside it (+): the
+    # three replace earlier outputs together, once all are written
+    print("[INFO] saving the predicted images...")
+    with outputs.RunOutputs(plan, run, record) as staged:
+        fig.savefig(staged.path("png"), dpi=80)
+        model.save(staged.path("keras"))  # +
 
 
 if __name__ == "__main__":

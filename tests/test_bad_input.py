@@ -7,8 +7,8 @@ import pytest
 
 import train_cpu
 import train_gpu
-from pyimagesearch import cli, train
-from pyimagesearch.errors import Preempted, UserError
+from pyimagesearch import cli, outputs
+from pyimagesearch.training.errors import Preempted, UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -91,7 +91,7 @@ def left_backup(tmp_path, monkeypatch):
     args = TINY + ["--backup-dir", str(tmp_path / "backup"), "--output-dir",
                    str(tmp_path / "out")]
     with monkeypatch.context() as patch:
-        patch.setattr(train, "save_outputs", no_disk)
+        patch.setattr(outputs.RunOutputs, "__enter__", no_disk)
         with pytest.raises(OSError, match="disk full"):
             train_cpu.main(args)
     assert (tmp_path / "backup" / "checkpoints").is_dir()
@@ -173,7 +173,7 @@ def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     import os
     import tempfile
 
-    from pyimagesearch.files import scratch_folder
+    from pyimagesearch.training.files import scratch_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = tmp_path / "pyimagesearch-ckpt-4194305-abc"  # above Linux's pid limit
@@ -228,25 +228,25 @@ def test_launch_workers_refuses_what_it_cannot_start(repo, args, complaint):
 
 
 def test_a_tfrecord_folder_that_is_a_file_or_a_shard_that_is_a_folder(tmp_path):
-    from pyimagesearch import data, tfrecords
+    from pyimagesearch.datasets import sources, tfrecords
 
     (tmp_path / "metadata.json").write_text("{}")
     with pytest.raises(UserError, match="metadata.json is a file, not a folder"):
-        data.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
+        sources.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
     (tmp_path / "shard").mkdir()
     with pytest.raises(UserError, match="shard is a folder"):
         tfrecords._verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
 
 
 def test_a_broken_prepared_dataset_is_one_line(tmp_path):
-    from pyimagesearch import data
+    from pyimagesearch.datasets import sources
 
     info = tmp_path / "mnist" / "3.0.1" / "dataset_info.json"
     info.parent.mkdir(parents=True)
     info.write_text("{not json")
     with pytest.raises(UserError, match=r"^cannot read the prepared mnist in .*prepare it "
                                         "again"):
-        data.tfds_prepared("mnist", str(tmp_path))
+        sources.tfds_prepared("mnist", str(tmp_path))
 
 
 def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypatch):
@@ -254,7 +254,7 @@ def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypat
     # steps of both calls must reach the backup, or a later resume retrains
     import tensorflow as tf
 
-    from pyimagesearch import preemption
+    from pyimagesearch.training import preemption
 
     args = ["--epochs", "3", "--steps-per-epoch", "32", "--batch-size", "32",
             "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
@@ -273,7 +273,7 @@ def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypat
     def no_disk(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(train, "save_outputs", no_disk)
+    monkeypatch.setattr(outputs.RunOutputs, "__enter__", no_disk)
     with pytest.raises(OSError, match="disk full"):
         train_cpu.main(args)  # the rest of epoch 2, then epoch 3; the backup stays
     latest = tf.train.latest_checkpoint(str(tmp_path / "backup" / "checkpoints"))

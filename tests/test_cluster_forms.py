@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch.cluster import Cluster, wait_for_peers
-from pyimagesearch.errors import PeerLost, UserError
+from pyimagesearch.training.cluster import Cluster, wait_for_peers
+from pyimagesearch.training.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]

@@ -4,21 +4,24 @@ import pytest
 import tensorflow_datasets as tfds
 
 from pyimagesearch import config, data
-from pyimagesearch.errors import UserError
+
+from pyimagesearch.datasets import sources
+from pyimagesearch.datasets.pipeline import Reading, make_pipeline
+from pyimagesearch.training.errors import UserError
 
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    data._split_sample.cache_clear()
+    sources._split_sample.cache_clear()
     yield
-    data._split_sample.cache_clear()
+    sources._split_sample.cache_clear()
 
 
 def test_get_data_through_tfds_load(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
         ds = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=16,
                            shuffleSize=64,
-                           source=data.TfdsSource("tfds' mock data", str(tmp_path)))
+                           source=sources.TfdsSource("tfds' mock data", str(tmp_path)))
         batches = list(ds)
     assert [len(x) for x, _ in batches] == [16, 16, 8]
     images, targets = batches[0]
@@ -28,20 +31,20 @@ def test_get_data_through_tfds_load(tmp_path):
 
 
 def test_sample_split_is_stratified_deterministic_and_disjoint():
-    train = data.SampleSource().images(config.TRAIN_FLAG)
-    val = data.SampleSource().images(config.VALIDATION_FLAG)
+    train = sources.SampleSource().images(config.TRAIN_FLAG)
+    val = sources.SampleSource().images(config.VALIDATION_FLAG)
     assert train.shape == (4500, 28, 28, 1) and val.shape == (500, 28, 28, 1)
     assert train.dtype == np.uint8 and val.max() > 200  # real pixel values
     train_rows = {row.tobytes() for row in train}
     assert not any(row.tobytes() in train_rows for row in val)
-    data._split_sample.cache_clear()
+    sources._split_sample.cache_clear()
     np.testing.assert_array_equal(
-        data._split_sample()[config.VALIDATION_FLAG][0], val)
+        sources._split_sample()[config.VALIDATION_FLAG][0], val)
 
 
 def test_sample_validation_holds_every_digit_in_proportion():
-    pixels, labels = data.read_sample()
-    val = data.SampleSource().images(config.VALIDATION_FLAG)
+    pixels, labels = sources.read_sample()
+    val = sources.SampleSource().images(config.VALIDATION_FLAG)
     index = {row.tobytes(): label for row, label in zip(pixels, labels)}
     val_labels = np.array([index[row.tobytes()] for row in val])
     counts = np.bincount(val_labels, minlength=10)
@@ -61,7 +64,7 @@ def test_training_pipeline_shuffles_repeats_and_keeps_full_batches():
 
 
 def test_validation_pipeline_keeps_order():
-    val = data.SampleSource().images(config.VALIDATION_FLAG)
+    val = sources.SampleSource().images(config.VALIDATION_FLAG)
     ds = data.get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=128,
                        source="sample")
     first = next(iter(ds))[0].numpy()
@@ -74,51 +77,51 @@ def test_auto_offline_picks_the_sample_without_calling_tfds_load(tmp_path, monke
         raise AssertionError("tfds.load must not run when offline and unprepared")
 
     monkeypatch.setattr(tfds, "load", no_load)
-    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
-    source = data.resolve_source("auto", config.DATA_NAME, str(tmp_path))
+    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
+    source = sources.resolve_source("auto", config.DATA_NAME, str(tmp_path))
     assert source.name == "sample"
     assert "did not answer" in source.reason
 
 
 def test_tfds_source_offline_and_unprepared_is_a_user_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
     with pytest.raises(UserError, match="--data-source sample"):
-        data.resolve_source("tfds", config.DATA_NAME, str(tmp_path))
+        sources.resolve_source("tfds", config.DATA_NAME, str(tmp_path))
 
 
 def test_network_probe_reports_a_closed_port_as_unreachable():
     # port 9 on loopback: nothing listens there, the connection is refused
-    assert data.network_reachable(("127.0.0.1", 9), timeout=1.0) is False
+    assert sources.network_reachable(("127.0.0.1", 9), timeout=1.0) is False
 
 
 def test_a_data_dir_not_there_yet_is_not_prepared_and_not_created(tmp_path, monkeypatch):
     # as in tfds, which creates its data dir when it downloads
     missing = str(tmp_path / "not-yet")
     monkeypatch.setenv("TFDS_DATA_DIR", missing)
-    monkeypatch.setattr(data, "network_reachable", lambda *a, **k: False)
-    assert data.resolve_data_dir(None) == missing
-    assert data.resolve_source("sample", "mnist", missing).name == "sample"
-    assert data.resolve_source("auto", "mnist", missing).name == "sample"
+    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
+    assert sources.resolve_data_dir(None) == missing
+    assert sources.resolve_source("sample", "mnist", missing).name == "sample"
+    assert sources.resolve_source("auto", "mnist", missing).name == "sample"
     with pytest.raises(UserError, match="cannot be reached"):
-        data.resolve_source("tfds", "mnist", missing)
+        sources.resolve_source("tfds", "mnist", missing)
     assert not (tmp_path / "not-yet").exists()
 
 
 def test_corrupt_sample_file_is_a_user_error(tmp_path, monkeypatch):
     broken = tmp_path / "mnist_5k.csv.gz"
     broken.write_bytes(b"\x1f\x8b\x08 this is not gzip")
-    monkeypatch.setattr(data, "sample_path", lambda: str(broken))
+    monkeypatch.setattr(sources, "sample_path", lambda: str(broken))
     with pytest.raises(UserError, match="cannot read the MNIST sample"):
-        data.SampleSource().images(config.TRAIN_FLAG)
+        sources.SampleSource().images(config.TRAIN_FLAG)
 
 
 def test_a_stand_in_dataset_is_labelled_as_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "tfds_prepared", lambda name, data_dir: True)
-    real = data.resolve_source("tfds", "mnist", str(tmp_path))
+    monkeypatch.setattr(sources, "tfds_prepared", lambda name, data_dir: True)
+    real = sources.resolve_source("tfds", "mnist", str(tmp_path))
     assert "stand-in" not in real.reason and real.label == "tfds"
     (tmp_path / "mnist").mkdir()
-    (tmp_path / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
-    source = data.resolve_source("auto", "mnist", str(tmp_path))
+    (tmp_path / "mnist" / sources.STAND_IN_MARKER).write_text("tiled sample")
+    source = sources.resolve_source("auto", "mnist", str(tmp_path))
     assert source.name == "tfds" and "stand-in" in source.reason
     assert source.label == "stand-in"  # what the run record and Table 1 show
 
@@ -129,16 +132,16 @@ def test_a_stand_in_in_tfds_default_data_dir_is_found(tmp_path, monkeypatch):
         data_dir = str(tmp_path / "default" / "mnist" / "3.0.1")
 
     monkeypatch.setattr(tfds, "builder", lambda name, data_dir=None: Builder())
-    monkeypatch.setattr(data, "tfds_prepared", lambda name, data_dir: True)
-    assert data.resolve_source("auto", "mnist", None).label == "tfds"
+    monkeypatch.setattr(sources, "tfds_prepared", lambda name, data_dir: True)
+    assert sources.resolve_source("auto", "mnist", None).label == "tfds"
     (tmp_path / "default" / "mnist").mkdir(parents=True)
-    (tmp_path / "default" / "mnist" / data.STAND_IN_MARKER).write_text("tiled sample")
-    assert data.resolve_source("auto", "mnist", None).label == "stand-in"
+    (tmp_path / "default" / "mnist" / sources.STAND_IN_MARKER).write_text("tiled sample")
+    assert sources.resolve_source("auto", "mnist", None).label == "stand-in"
 
 
 def test_training_data_is_reshuffled_every_epoch():
-    train = data.SampleSource().images(config.TRAIN_FLAG)
-    dataset = data.make_pipeline(train, data.Reading(batch_size=4500, shuffle_size=4500,
+    train = sources.SampleSource().images(config.TRAIN_FLAG)
+    dataset = make_pipeline(train, Reading(batch_size=4500, shuffle_size=4500,
                                                      repeat=True, drop_remainder=True, seed=5))
     first, second = [(images.numpy() * 255).round().astype(np.uint8)
                      for images, _ in dataset.take(2)]
@@ -152,15 +155,15 @@ def test_training_data_is_reshuffled_every_epoch():
 def test_each_replica_gets_its_slice_of_every_global_batch(replicas):
     import tensorflow as tf
 
-    train = data.SampleSource().images(config.TRAIN_FLAG)
-    reading = data.Reading(batch_size=12, shuffle_size=100, repeat=True,
+    train = sources.SampleSource().images(config.TRAIN_FLAG)
+    reading = Reading(batch_size=12, shuffle_size=100, repeat=True,
                            drop_remainder=True, seed=1)
-    whole = [images.numpy() for images, _ in data.make_pipeline(train, reading).take(3)]
+    whole = [images.numpy() for images, _ in make_pipeline(train, reading).take(3)]
     for pipelines in (1, replicas):
         local = replicas // pipelines
         for pipeline in range(pipelines):
             context = tf.distribute.InputContext(pipelines, pipeline, replicas)
-            pieces = [images.numpy() for images, _ in data.make_pipeline(
+            pieces = [images.numpy() for images, _ in make_pipeline(
                 train, reading, input_context=context).take(3 * local)]
             per = 12 // replicas
             for step in range(3):

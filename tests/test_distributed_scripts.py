@@ -12,11 +12,10 @@ import tensorflow as tf
 import train_cpu
 import train_gpu
 import train_tpu
-from pyimagesearch import cli, config
-from pyimagesearch.errors import UserError
-from pyimagesearch.data import SampleSource
-from pyimagesearch.plan import Settings, plan_run, scaled_learning_rate
-from pyimagesearch.train import validation_data
+from pyimagesearch import cli, config, data
+from pyimagesearch.training.errors import UserError
+from pyimagesearch.datasets.sources import SampleSource
+from pyimagesearch.training.plan import Settings, plan_run, scaled_learning_rate
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -64,6 +63,13 @@ def test_tpu_defaults_are_the_articles():
 
 
 ONE_DEVICE = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def validation_data(strategy, plan, source):
+    """The validation batches a run of `plan` reads from `source`, and what they hold."""
+    plan = plan.with_data(source, strategy)
+    return (data.get_data(config.DATA_NAME, config.VALIDATION_FLAG, plan.global_batch_size,
+                          plan=plan), plan.validation)
 
 
 @pytest.mark.parametrize("batch, steps", [(64, 7), (1024, 1)])
@@ -140,9 +146,7 @@ def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
     assert (record["validation_images"], record["validation_split_images"]) == (498, 500)
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     # val_loss is the mean squared error over exactly the first 498 digits
-    from pyimagesearch import data
-
-    digits = data.SampleSource().images(config.VALIDATION_FLAG)[:498]
+    digits = SampleSource().images(config.VALIDATION_FLAG)[:498]
     digits = digits.astype("float32") / 255.0
     model = keras.saving.load_model(tmp_path / "gpu_rehearsal.keras")
     expected = float(np.mean((model.predict(digits, verbose=0) - digits) ** 2))

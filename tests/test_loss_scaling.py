@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.loop import fit_custom
+from pyimagesearch.training.loop import fit_custom
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.strategy import rehearsal_strategy
+from pyimagesearch.strategies import rehearsal as rehearsal_strategy
 
 GLOBAL_BATCH = 32
 LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch.cluster import read_tf_config
-from pyimagesearch.errors import UserError
+from pyimagesearch.training.cluster import read_tf_config
+from pyimagesearch.training.errors import UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]

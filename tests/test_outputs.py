@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 import train_cpu
-from pyimagesearch import files, outputs
-from pyimagesearch.errors import UserError
+from pyimagesearch import outputs
+from pyimagesearch.training import files
+from pyimagesearch.training.errors import UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch.errors import Preempted
+from pyimagesearch.training.errors import Preempted
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
          "--epochs", "4"]

@@ -16,7 +16,8 @@ import tensorflow_datasets as tfds
 
 import prepare_mnist
 from pyimagesearch import config, data
-from pyimagesearch.errors import UserError
+from pyimagesearch.datasets import sources
+from pyimagesearch.training.errors import UserError
 
 TRAIN, TEST = 60, 10  # images per split: small, so tfds writes them in a second
 NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -95,9 +96,9 @@ def test_idx_files_round_trip_through_tfds_load(tmp_path, capsys):
                                                       arrays["train_labels"])
     assert _read_back(data_dir, "test") == _as_pairs(arrays["test_images"],
                                                      arrays["test_labels"])
-    assert not (data_dir / "mnist" / data.STAND_IN_MARKER).exists()
+    assert not (data_dir / "mnist" / sources.STAND_IN_MARKER).exists()
     assert sorted(os.listdir(data_dir)) == ["mnist"]  # no tfds downloads/ folder
-    assert "stand-in" not in data.resolve_source("tfds", "mnist", str(data_dir)).reason
+    assert "stand-in" not in sources.resolve_source("tfds", "mnist", str(data_dir)).reason
 
 
 # name -> (change the valid contents, what the one line must say)
@@ -198,14 +199,14 @@ def test_stand_in_is_the_sample_tiled_and_says_so(tmp_path, monkeypatch, capfd):
     assert out.startswith("[INFO] prepared stand-in mnist") and out.count("\n") == 1
     assert "train 50, test 20" in out and err == ""
     assert not any(word in out for word in NOISE)
-    images, labels = data.read_sample()
+    images, labels = sources.read_sample()
     sample = dict(_as_pairs(images[..., 0], labels))
     for split, count in (("train", 50), ("test", 20)):
         pairs = _read_back(data_dir, split)
         assert len(pairs) == count
         assert all(sample.get(image) == label for image, label in pairs)
-    assert (data_dir / "mnist" / data.STAND_IN_MARKER).exists()
-    source = data.resolve_source("tfds", "mnist", str(data_dir))
+    assert (data_dir / "mnist" / sources.STAND_IN_MARKER).exists()
+    source = sources.resolve_source("tfds", "mnist", str(data_dir))
     assert "stand-in" in source.reason
 
 

@@ -1,4 +1,4 @@
-"""workarounds.py and strategy.py: captured native output, and clear failures without hardware.
+"""workarounds.py and strategies.py: captured native output, and clear failures without hardware.
 
 No accelerator is needed: TensorFlow's log lines are fed in as text, the TPU
 resolver and TPU calls are replaced by fakes that fail the way TensorFlow
@@ -13,9 +13,11 @@ import threading
 import pytest
 import tensorflow as tf
 
-from pyimagesearch import strategy, workarounds
-from pyimagesearch.errors import UserError
-from pyimagesearch.workarounds import native_stderr_quiet
+import train_tpu
+from pyimagesearch import strategies as strategy
+from pyimagesearch.training import workarounds
+from pyimagesearch.training.errors import UserError
+from pyimagesearch.training.workarounds import native_stderr_quiet
 
 NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
           "on N logical CPU devices")
@@ -142,7 +144,7 @@ def test_gpu_strategy_puts_what_tensorflow_logged_in_the_error(capturing, monkey
 
     monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
     with pytest.raises(UserError, match=r"cannot load its CUDA libraries") as error:
-        strategy.gpu_strategy()
+        strategy.check_gpus()
     assert 'pip install "tensorflow[and-cuda]"' in str(error.value)
     assert "Cannot dlopen" not in capfd.readouterr().err  # said once, by us
 
@@ -167,25 +169,30 @@ def _fake_resolver(monkeypatch, init):
                         FakeResolver)
 
 
-def test_a_tpu_that_cannot_be_resolved_is_not_found(monkeypatch, no_tpu_env):
+def _tpu_set_up(tpu, folder):
+    """Run train_tpu.py with --tpu `tpu`: here its TPU set-up fails before any training."""
+    train_tpu.main(["--tpu", tpu, "--output-dir", str(folder)])
+
+
+def test_a_tpu_that_cannot_be_resolved_is_not_found(monkeypatch, no_tpu_env, tmp_path):
     def init(tpu):
         raise ValueError("Please provide a TPU Name to connect to.")
 
     _fake_resolver(monkeypatch, init)
     with pytest.raises(UserError) as error:
-        strategy.tpu_strategy("my-tpu")
+        _tpu_set_up("my-tpu", tmp_path)
     assert str(error.value) == (
         "no TPU found (Please provide a TPU Name to connect to.); pass --tpu NAME, "
         "or use --rehearse 8 to rehearse on 8 logical CPU devices")
 
 
-def test_a_tpu_lookup_that_hangs_is_given_up(monkeypatch, no_tpu_env):
+def test_a_tpu_lookup_that_hangs_is_given_up(monkeypatch, no_tpu_env, tmp_path):
     answer = threading.Event()  # never set until the test is over
     _fake_resolver(monkeypatch, lambda tpu: answer.wait())
     monkeypatch.setattr(strategy, "TPU_LOOKUP_TIMEOUT_S", 0.01)
     try:
         with pytest.raises(UserError) as error:
-            strategy.tpu_strategy("my-tpu")
+            _tpu_set_up("my-tpu", tmp_path)
     finally:
         answer.set()  # let the abandoned lookup thread end
     message = str(error.value)
@@ -194,7 +201,7 @@ def test_a_tpu_lookup_that_hangs_is_given_up(monkeypatch, no_tpu_env):
     assert "--tpu grpc://" in message and "--rehearse 8" in message
 
 
-def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env):
+def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_path):
     _fake_resolver(monkeypatch, lambda tpu: None)
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
 
@@ -206,7 +213,7 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env):
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
                         initialize_tpu_system)
     with pytest.raises(UserError) as error:
-        strategy.tpu_strategy("local")
+        _tpu_set_up("local", tmp_path)
     assert str(error.value) == (
         "the TPU on this machine was found but could not be initialised (TensorFlow "
         "said: The TPU is already in use by process with pid 4242. Not attempting to "
@@ -214,7 +221,7 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env):
         "--rehearse 8 to rehearse on 8 logical CPU devices")
 
 
-def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env):
+def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env, tmp_path):
     _fake_resolver(monkeypatch, lambda tpu: None)
 
     def connect(resolver):
@@ -223,20 +230,20 @@ def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env):
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", connect)
     with pytest.raises(UserError, match=r"^could not connect to TPU 'grpc://10\.0\.0\.2"
                                         r":8470' \(TensorFlow said: failed to connect"):
-        strategy.tpu_strategy("grpc://10.0.0.2:8470")
+        _tpu_set_up("grpc://10.0.0.2:8470", tmp_path)
 
 
-def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch):
+def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path):
     import socket
 
     with socket.create_server(("127.0.0.1", 0)) as probe:
         closed = probe.getsockname()[1]
     address = f"grpc://127.0.0.1:{closed}"
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
-    monkeypatch.setattr(strategy, "_find_tpu", lambda tpu: resolver(tpu=address))
+    monkeypatch.setattr(strategy, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", None)  # never reached
     with pytest.raises(UserError, match=f"^nothing answers at {address}, where the TPU"):
-        strategy.tpu_strategy(address)
+        _tpu_set_up(address, tmp_path)
 
 
 def _device_buffer_hook():
@@ -268,18 +275,18 @@ def test_the_preemption_handler_hooks_exist_in_this_tensorflow():
 
 
 def test_the_preemption_handler_is_for_clusters_only(tmp_path):
-    from pyimagesearch import preemption
+    from pyimagesearch.training import preemption
 
     def never():
         raise AssertionError("not called")
 
-    for alone in (tf.distribute.get_strategy(), strategy.get_strategy("gpu", rehearse=2)):
+    for alone in (tf.distribute.get_strategy(), strategy.rehearsal(2)):
         assert preemption.cluster_handler(alone, str(tmp_path), never, never) is None
 
 
 def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
         monkeypatch, tmp_path, capsys):
-    from pyimagesearch import preemption
+    from pyimagesearch.training import preemption
 
     class Cluster:  # a multi-worker strategy's cluster, as far as the handler looks
         cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -293,7 +300,7 @@ def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
 
 
 def test_every_strategy_gets_plain_device_buffers(monkeypatch):
-    rehearsal = strategy.get_strategy("gpu", rehearse=2)
+    rehearsal = strategy.rehearsal(2)
     ops = _device_buffer_hook()
     patched = ops._create_device_dataset
     assert getattr(patched, "_pyimagesearch", False)
@@ -334,8 +341,8 @@ def test_several_gpu_machines_all_reduce_with_nccl(monkeypatch):
                         lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
     monkeypatch.setattr(strategy, "wait_for_peers", lambda cluster, timeout_s: None)
-    cluster = type("Cluster", (), {"workers": 2})()
-    strategy.multi_worker_strategy(cluster)
+    cluster = type("Cluster", (), {"workers": 2, "task_type": "worker", "task_index": 0})()
+    strategy.multi_worker(cluster)
     nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
     assert made["options"].implementation == nccl
     # a rehearsal on CPUs keeps TensorFlow's default

@@ -16,8 +16,9 @@ import benchmark_pipeline
 import prepare_mnist
 import train_cpu
 import write_tfrecords
-from pyimagesearch import config, data, tfrecords
-from pyimagesearch.errors import UserError
+from pyimagesearch import config, data
+from pyimagesearch.datasets import pipeline, sources, tfrecords
+from pyimagesearch.training.errors import UserError
 
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 
@@ -25,14 +26,14 @@ TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 @pytest.fixture(scope="module")
 def sample():
     """The sample's splits with their labels: {split: (uint8 images, labels)}."""
-    return {split: data.SampleSource().examples(split)
+    return {split: sources.SampleSource().examples(split)
             for split in (TRAIN, VAL)}
 
 
 @pytest.fixture(scope="module")
 def small():
     """300 training and 40 validation digits of the sample, all different."""
-    images, labels = data.SampleSource().examples(TRAIN)
+    images, labels = sources.SampleSource().examples(TRAIN)
     return {TRAIN: (images[:300], labels[:300]), VAL: (images[300:340], labels[300:340])}
 
 
@@ -66,7 +67,7 @@ def test_round_trip_is_bit_for_bit(tmp_path, sample, compression):
         f"test-0000{i}-of-00003.tfrecord{'.gz' if compression == 'gzip' else ''}"
         for i in range(3)]
     assert json.loads((tmp_path / "metadata.json").read_text()) == metadata
-    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
     for split, (images, labels) in sample.items():
         read_images, read_labels = tfrecords.read_split(str(tmp_path), split)
         np.testing.assert_array_equal(read_images, images)
@@ -154,7 +155,7 @@ def test_multi_worker_validation_gives_each_replica_its_slice_of_every_batch(tmp
 
 def test_tpu_style_validation_is_exactly_the_batches_counted(tmp_path, small):
     write(tmp_path, small, shards=4)
-    # train.py's fixed validation: repeated, full batches, cut to a count
+    # a TPU run's fixed validation: repeated, full batches, cut to a count
     fixed = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
                           data_dir=str(tmp_path), repeat=True, drop_remainder=True,
                           batches=2)
@@ -165,7 +166,7 @@ def test_tpu_style_validation_is_exactly_the_batches_counted(tmp_path, small):
 def test_a_bucket_path_works_through_gfile(small):
     folder = "ram://tfrecords-test/mnist"
     write(folder, small, shards=2, overwrite=True)
-    source = data.resolve_source("tfrecord", config.DATA_NAME, folder)
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, folder)
     assert source.label == "tfrecord (sample)"
     validation = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
                                data_dir=folder)
@@ -177,7 +178,7 @@ def test_a_bucket_path_works_through_gfile(small):
                                            ("sample", "tfrecord (sample)")])
 def test_the_label_never_passes_a_stand_in_off_as_mnist(tmp_path, small, origin, label):
     write(tmp_path, small, shards=1, origin=origin)
-    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
     assert source.label == label and str(tmp_path) in source.reason
 
 
@@ -213,31 +214,31 @@ def first_shard(folder):
 
 def test_a_missing_folder(tmp_path):
     with pytest.raises(UserError, match=f"{tmp_path / 'nope'} does not exist"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path / "nope"))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path / "nope"))
 
 
 def test_no_metadata_and_no_shards(tmp_path):
     with pytest.raises(UserError, match="metadata.json is missing.*holds no TFRecords"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
 
 
 def test_shards_without_metadata_are_an_unfinished_write(folder):
     (folder / "metadata.json").unlink()
     with pytest.raises(UserError, match="8 shard files but no metadata, an unfinished"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_a_missing_shard(folder):
     first_shard(folder).unlink()
     with pytest.raises(UserError, match=f"{first_shard(folder)} is missing"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_a_truncated_shard(folder):
     shard = first_shard(folder)
     os.truncate(shard, shard.stat().st_size // 2)
     with pytest.raises(UserError, match=f"{shard} is .* bytes, metadata.json says .*cut short"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_a_corrupt_shard_of_the_right_size(folder):
@@ -246,7 +247,7 @@ def test_a_corrupt_shard_of_the_right_size(folder):
     content[len(content) // 2:len(content) // 2 + 16] = b"\xff" * 16
     shard.write_bytes(bytes(content))
     with pytest.raises(UserError, match=f"{shard} is truncated or corrupt at or after record"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_a_record_with_the_wrong_shape(folder, small):
@@ -261,7 +262,7 @@ def test_a_record_with_the_wrong_shape(folder, small):
     metadata["splits"][TRAIN]["shards"][0]["bytes"] = shard.stat().st_size
     (folder / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(UserError, match=rf"{shard}: record 3 has shape \(27, 28, 1\)"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 @pytest.mark.parametrize("text, complaint", [
@@ -271,7 +272,7 @@ def test_a_record_with_the_wrong_shape(folder, small):
 def test_corrupt_metadata(folder, text, complaint):
     (folder / "metadata.json").write_text(text)
     with pytest.raises(UserError, match=f"{folder / 'metadata.json'}.*{complaint}"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 @pytest.mark.parametrize("splits", [
@@ -284,7 +285,7 @@ def test_metadata_of_the_wrong_types(folder, splits):
     metadata = json.loads((folder / "metadata.json").read_text())
     (folder / "metadata.json").write_text(json.dumps({**metadata, "splits": splits}))
     with pytest.raises(UserError, match="metadata.json: split 'train' lists no shards"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_counts_that_disagree_with_the_metadata(folder):
@@ -294,7 +295,7 @@ def test_counts_that_disagree_with_the_metadata(folder):
     (folder / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(UserError, match="test-00001-of-00004.tfrecord holds 10 records, "
                                         "metadata.json says 11"):
-        data.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+        sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
 def test_training_on_a_truncated_shard_is_one_line_and_keeps_earlier_outputs(
@@ -379,9 +380,9 @@ def test_files_are_split_between_workers_only_when_they_divide_evenly():
 
 def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, small):
     write(tmp_path, small, shards=2)
-    source = data.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
     off = tf.data.experimental.AutoShardPolicy.OFF
-    reading = data.Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
+    reading = pipeline.Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
                            drop_remainder=True)
     # one process: a strategy over several hosts (a TPU slice) shards it
     whole = source.dataset(TRAIN, reading)

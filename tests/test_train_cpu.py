@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch import data, files, outputs
+from pyimagesearch import outputs
+from pyimagesearch.datasets import sources
+from pyimagesearch.training import files
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -41,7 +43,7 @@ def test_tiny_run_writes_figure_record_and_loadable_model(tmp_path):
 
 
 def test_default_epoch_keeps_the_article_length():
-    from pyimagesearch.plan import Settings, plan_run
+    from pyimagesearch.training.plan import Settings, plan_run
 
     args = train_cpu.cli.build_parser("cpu", "").parse_args([])
     plan = plan_run("cpu", Settings.from_args(args), replicas=1)
@@ -100,7 +102,7 @@ def test_unwritable_output_folder_gives_one_line(repo, tmp_path):
 
 @pytest.mark.parametrize("source", ["sample", "auto"])
 def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(repo, tmp_path, source):
-    if source == "auto" and data.network_reachable():
+    if source == "auto" and sources.network_reachable():
         pytest.skip("auto would download MNIST on a machine with network")
     env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path / "not-yet")}
     result = subprocess.run([sys.executable, "train_cpu.py", *TINY[:-2], "--data-source",
@@ -111,7 +113,7 @@ def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(repo, tmp_path, sourc
     assert "\x1b" not in result.stdout + result.stderr  # redirected: no terminal escapes
 
 
-@pytest.mark.skipif(data.network_reachable(), reason="needs a machine without network")
+@pytest.mark.skipif(sources.network_reachable(), reason="needs a machine without network")
 def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
     result = _run_script(repo, "train_cpu.py", "--data-source", "tfds",
                          "--data-dir", str(tmp_path), "--output-dir", str(tmp_path))
@@ -123,7 +125,7 @@ def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
 
 @pytest.mark.parametrize("steps, expected", [(468, 13), (58, 2), (1, 1), (64, 16), (7, 7)])
 def test_steps_per_execution_divides_the_epoch(steps, expected):
-    from pyimagesearch.plan import steps_per_execution
+    from pyimagesearch.training.plan import steps_per_execution
 
     assert steps_per_execution(steps, limit=16) == expected
 
@@ -140,7 +142,7 @@ def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
 
 
 def test_epoch_timer_separates_training_from_validation(monkeypatch):
-    from pyimagesearch import callbacks
+    from pyimagesearch.training import callbacks
 
     clock = iter([10.0, 13.0, 14.5,   # epoch 1: begin, validation begins, end
                   20.0, 22.0])        # epoch 2: begin, end (no validation)
@@ -160,7 +162,7 @@ def test_custom_loop_runs_every_step_of_an_uneven_epoch():
     import tensorflow as tf
 
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.loop import execution_sizes, fit_custom
+    from pyimagesearch.training.loop import execution_sizes, fit_custom
     from pyimagesearch.loss import MSELoss
 
     assert execution_sizes(10, 4) == [4, 4, 2] and execution_sizes(8, 4) == [4, 4]

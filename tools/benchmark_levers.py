@@ -63,14 +63,15 @@ def main(argv=None):
 
     import tensorflow as tf
     from benchmark_pipeline import time_epoch  # a sibling in tools/
-    from pyimagesearch import data, strategy
+    from pyimagesearch import data, strategies
+    from pyimagesearch.datasets import sources
     from pyimagesearch.outputs import machine_info
-    from pyimagesearch.plan import steps_per_execution
+    from pyimagesearch.training.plan import steps_per_execution
 
-    chosen = strategy.get_strategy(args.device)
+    chosen = strategies.for_device(args.device)
     dataset = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=args.batch_size,
                             shuffleSize=config.SHUFFLE_SIZE, source=args.data_source,
-                            data_dir=data.resolve_data_dir(None), repeat=True,
+                            data_dir=sources.resolve_data_dir(None), repeat=True,
                             drop_remainder=True, seed=config.SEED)
     seconds = {name: [] for name in setups}
     for trial in range(args.trials):

@@ -31,7 +31,7 @@ drained batch by batch inside a compiled function as a training step would
 pull them: the article-style pipeline, the TFRecord reader
 (``--data-source tfrecord``; the TFRecords are written from --data-dir into
 a temporary folder unless --tfrecord-dir names a folder write_tfrecords.py
-wrote), the in-memory pipeline (``data.make_pipeline``), and tfds' own
+wrote), the in-memory pipeline (``datasets.pipeline.make_pipeline``), and tfds' own
 in-memory cache of the article-style pipeline for reference. Each trial
 drains one untimed epoch (tracing, opening files, filling the shuffle
 buffer and tfds' cache), then times --epochs more; the figure is images per
@@ -104,10 +104,10 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     import tensorflow as tf
 
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.callbacks import EpochTimer
+    from pyimagesearch.training.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
-    from pyimagesearch.precision import set_precision, with_loss_scaling
-    from pyimagesearch.train import make_optimizer
+    from pyimagesearch.training.plan import make_optimizer
+    from pyimagesearch.training.precision import set_precision, with_loss_scaling
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
@@ -164,8 +164,8 @@ def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch import data, tfrecords
-    from pyimagesearch.errors import UserError
+    from pyimagesearch.datasets import sources, tfrecords
+    from pyimagesearch.training.errors import UserError
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -181,7 +181,7 @@ def input_only(args, source, command):
     else:
         folder = args.tfrecord_dir
     try:
-        records = data.resolve_source("tfrecord", config.DATA_NAME, folder)
+        records = sources.resolve_source("tfrecord", config.DATA_NAME, folder)
         print(f"[INFO] tfrecord: {records.reason}")
         sizes = [chosen.size(config.TRAIN_FLAG) for chosen in (source, records)]
         if records.origin != source.label or sizes[0] != sizes[1]:
@@ -268,11 +268,13 @@ def main(argv=None):
     if args.profile_dir:
         cli.check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
-    from pyimagesearch import data, strategy
-    from pyimagesearch.plan import steps_per_execution
+    from pyimagesearch import strategies
+    from pyimagesearch.datasets import sources
+    from pyimagesearch.training.plan import steps_per_execution
 
-    strategy.cpu_strategy()
-    source = data.resolve_source("tfds", config.DATA_NAME, data.resolve_data_dir(args.data_dir))
+    strategies.cpu_only()  # quiet device discovery; the benchmark runs on the CPU
+    source = sources.resolve_source("tfds", config.DATA_NAME,
+                                    sources.resolve_data_dir(args.data_dir))
     print(f"[INFO] data: {source.reason}")
     if args.input_only:
         figures = input_only(args, source, ["tools/benchmark_pipeline.py", *argv])

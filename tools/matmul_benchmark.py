@@ -43,7 +43,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.errors import UserError  # noqa: E402
+from pyimagesearch.training.errors import UserError  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -281,11 +281,11 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
     """Time the article's op; return a dict of figures."""
     import tensorflow as tf
 
-    from pyimagesearch import strategy as strategies
+    from pyimagesearch import strategies
 
     if dtype == "float16" and (device != "gpu" or rehearse):
         raise UserError("--dtype float16 is for GPUs; use bfloat16 on CPU and TPU")
-    strategy = strategies.get_strategy(device, rehearse=rehearse, tpu=tpu)
+    strategy = strategies.for_device(device, rehearse=rehearse, tpu=tpu)
     tf_dtype = tf.as_dtype(dtype)
     replicas = strategy.num_replicas_in_sync
     if SHAPES["w"][0] % replicas:

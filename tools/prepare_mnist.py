@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.data import STAND_IN_MARKER  # noqa: E402
-from pyimagesearch.errors import UserError, first_line  # noqa: E402
-from pyimagesearch.workarounds import native_stderr_quiet  # noqa: E402
+from pyimagesearch.datasets.sources import STAND_IN_MARKER  # noqa: E402
+from pyimagesearch.training.errors import UserError, first_line  # noqa: E402
+from pyimagesearch.training.workarounds import native_stderr_quiet  # noqa: E402
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
@@ -159,7 +159,7 @@ def read_idx_folder(folder):
 
 def stand_in_files():
     """The sample's digits tiled to config's train and validation sizes, as idx files."""
-    from pyimagesearch.data import read_sample
+    from pyimagesearch.datasets.sources import read_sample
 
     images, labels = read_sample()
     images = images.reshape(-1, SIDE, SIDE)

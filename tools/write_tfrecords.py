@@ -35,7 +35,7 @@ SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    from pyimagesearch import tfrecords
+    from pyimagesearch.datasets import tfrecords
 
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,12 +60,12 @@ def main(argv=None):
                              "it a folder holding a metadata.json is left untouched")
     args = parser.parse_args(argv)
 
-    from pyimagesearch import data
+    from pyimagesearch.datasets import sources
 
     # every check before the decoding, and nothing created before the checks
     tfrecords.check_destination(args.output_dir, args.overwrite)
-    data_dir = data.resolve_data_dir(args.data_dir) if args.data_source == "tfds" else None
-    source = data.resolve_source(args.data_source, config.DATA_NAME, data_dir)
+    data_dir = sources.resolve_data_dir(args.data_dir) if args.data_source == "tfds" else None
+    source = sources.resolve_source(args.data_source, config.DATA_NAME, data_dir)
     cli.check_output_dir(args.output_dir)
     print(f"[INFO] reading {source.label} ({source.reason})")
     started = time.perf_counter()

@@ -10,7 +10,7 @@ import tempfile
 
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.training.errors import UserError, first_line
 
 
 def join(folder, name):

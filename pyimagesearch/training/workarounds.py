@@ -229,7 +229,7 @@ class local_cpu_devices:
         extended = car.CollectiveAllReduceExtended
         self._original = getattr(extended, "_initialize_local_devices", None)
         if self._original is None:
-            from pyimagesearch.errors import UserError  # here: see plain_device_buffers
+            from pyimagesearch.training.errors import UserError  # here: see plain_device_buffers
 
             raise UserError("this TensorFlow cannot rehearse several devices per "
                             "worker; use --rehearse 1 and more workers")

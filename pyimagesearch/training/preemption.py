@@ -19,8 +19,8 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch.errors import Preempted
-from pyimagesearch.workarounds import preemption_handler_acts
+from pyimagesearch.training.errors import Preempted
+from pyimagesearch.training.workarounds import preemption_handler_acts
 
 _requested = threading.Event()
 _saving = threading.Event()  # a Backup is there to save at the next step

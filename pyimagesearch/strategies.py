@@ -1,25 +1,45 @@
-"""One place that turns "cpu", "gpu", "tpu" or a rehearsal into a tf.distribute strategy.
+"""What stands behind the scripts' strategy calls: devices checked, failures in one line.
+
+The scripts build their strategy in plain view (`tf.distribute.TPUStrategy`,
+`MirroredStrategy`, `OneDeviceStrategy`); this module holds what those calls
+need around them, and the strategies that stand in for hardware:
+
+- `cpu_only`: the CPU and nothing else, for train_cpu.py and rehearsals;
+- `check_gpus`: no GPU, or a CUDA that will not load, is one line that
+  gives TensorFlow's own cause;
+- `tpu_errors`: the article's four TPU calls inside it fail in one line
+  (no TPU, nothing at its address, a TPU held by another process), and
+  the lookup it hands them is bounded in time;
+- `rehearsal`: N logical CPU devices under MirroredStrategy, standing in
+  for N GPUs or TPU cores;
+- `multi_worker`: MultiWorkerMirroredStrategy for one worker of a
+  TF_CONFIG cluster, after the other workers have started.
 
 Device set-up in TensorFlow must happen before its runtime starts (the first
-op), so each training script builds its strategy first thing after parsing
-flags. Every failure a user can cause (no GPU, no TPU, a bad rehearsal
-count) raises UserError with a line that says what went wrong, in
-TensorFlow's own words where it gave any, and what to do instead.
+op), so the scripts build their strategy first thing after parsing flags.
 """
+import contextlib
 import os
 import re
 import threading
 
 import tensorflow as tf
 
-from pyimagesearch.cluster import answers, gave_up_waiting, missing_peers, wait_for_peers
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.workarounds import (bound_cluster_start, local_cpu_devices,
-                                      native_stderr_quiet, plain_device_buffers)
+from pyimagesearch.training.cluster import (answers, collective_communication,
+                                            gave_up_waiting, missing_peers, wait_for_peers)
+from pyimagesearch.training.errors import UserError, first_line
+from pyimagesearch.training.workarounds import (bound_cluster_start, local_cpu_devices,
+                                                native_stderr_quiet, plain_device_buffers)
 
 
-def hide_gpus():
-    """Make TensorFlow ignore any GPU, so 'CPU' really means the CPU."""
+def cpu_only():
+    """Make TensorFlow ignore any GPU, so 'CPU' really means the CPU; plain input buffers.
+
+    The strategies' per-device input buffers on the CPU get no autotuning
+    (workarounds.plain_device_buffers): without that, rehearsal epochs
+    stalled, and every run logged a warning of TensorFlow's.
+    """
+    plain_device_buffers()
     with native_stderr_quiet():  # a machine without a GPU logs a failed cuInit
         gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -27,13 +47,6 @@ def hide_gpus():
             tf.config.set_visible_devices([], "GPU")
         except RuntimeError as error:  # the runtime already started with them
             raise UserError(f"cannot hide the GPUs: {error}") from error
-
-
-def cpu_strategy():
-    """All work on /cpu:0, even when a GPU is visible."""
-    plain_device_buffers()
-    hide_gpus()
-    return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
 # How TensorFlow logs a line (the level letter, then the message):
@@ -100,17 +113,15 @@ def _no_gpu_message(log):
     return f"no GPU is visible to TensorFlow; {_REHEARSE_GPU}"
 
 
-def gpu_strategy():
-    """MirroredStrategy over every visible GPU (one GPU is the article's case)."""
-    plain_device_buffers()
+def check_gpus():
+    """Stop with one line, TensorFlow's cause in it, unless TensorFlow sees a GPU."""
     with native_stderr_quiet() as captured:
         gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         raise UserError(_no_gpu_message(captured.text()))
-    return tf.distribute.MirroredStrategy()
 
 
-def rehearsal_strategy(replicas):
+def rehearsal(replicas):
     """MirroredStrategy over `replicas` logical devices carved out of the CPU.
 
     This is how a TPU or multi-GPU configuration is checked without one: the
@@ -118,10 +129,9 @@ def rehearsal_strategy(replicas):
     only slower. If the process already has at least that many logical CPUs
     (a test session, say), the first `replicas` of them are used.
     """
-    plain_device_buffers()
     if replicas < 1:
         raise UserError(f"--rehearse needs at least 1 device, got {replicas}")
-    hide_gpus()
+    cpu_only()
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -153,9 +163,8 @@ def _tpu_label(tpu):
     return f"TPU {name!r}" if name else "the TPU"
 
 
-def _tpu_resolver(tpu):
-    """Find the TPU from `tpu`, the Colab/Kaggle environment, or a TPU VM."""
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver
+def _tpu_resolver(resolver, tpu):
+    """`resolver` (TPUClusterResolver) for `tpu`, the Colab/Kaggle environment, or a TPU VM."""
     if tpu:
         return resolver(tpu=tpu)
     try:
@@ -167,19 +176,21 @@ def _tpu_resolver(tpu):
         raise
 
 
-def _find_tpu(tpu):
-    """_tpu_resolver(tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
+def _find_tpu(resolver, tpu):
+    """_tpu_resolver(resolver, tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
 
     Given a TPU name (--tpu or $TPU_NAME) but no project and zone,
     TPUClusterResolver asks Google Cloud's metadata server for them with no
     time limit; off Google Cloud that can hang for good. So it runs in a
-    daemon thread, which an exiting process does not wait for.
+    daemon thread, which an exiting process does not wait for. Something
+    must answer at the address it finds: TensorFlow would wait for one for
+    ever, deaf to SIGTERM and Ctrl-C.
     """
     outcome = {}
 
     def look_up():
         try:
-            outcome["resolver"] = _tpu_resolver(tpu)
+            outcome["resolver"] = _tpu_resolver(resolver, tpu)
         except BaseException as error:  # handed over to the waiting thread
             outcome["error"] = error
 
@@ -199,40 +210,55 @@ def _find_tpu(tpu):
             "waiting for Google Cloud's metadata server (TPUClusterResolver asks it "
             "for the project and zone); off Google Cloud pass --tpu grpc://ADDRESS:8470, "
             f"or {_REHEARSE_TPU}")
-    return outcome["resolver"]
-
-
-def tpu_strategy(tpu=None):
-    """Find, connect to and initialise the TPU system, then build a TPUStrategy."""
-    plain_device_buffers()
-    resolver = _find_tpu(tpu)
-    address = resolver.master()
+    found = outcome["resolver"]
+    address = found.master()
     if address.startswith("grpc://") and not answers(address[len("grpc://"):], timeout_s=10):
-        # TensorFlow would wait for it for ever, deaf to SIGTERM and Ctrl-C
         raise UserError(f"nothing answers at {address}, where the TPU should be; check "
                         f"its address, or {_REHEARSE_TPU}")
-    connected = False
+    return found
+
+
+@contextlib.contextmanager
+def tpu_errors(tpu=None):
+    """Around the article's TPU set-up: whatever fails ends the run in one line.
+
+    with tpu_errors(args.tpu) as find:
+        tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)
+        tf.config.experimental_connect_to_cluster(tpu)
+        tf.tpu.experimental.initialize_tpu_system(tpu)
+
+    `find(TPUClusterResolver)` resolves `tpu` (a name or a grpc:// address;
+    None: what Colab, Kaggle or a TPU VM provide) within
+    TPU_LOOKUP_TIMEOUT_S, and checks that something answers at its address.
+    A TPU found is not a TPU usable: one held by another process (a second
+    notebook, a stale run) fails to initialise, and the line says so.
+    """
     try:
-        with native_stderr_quiet(_TPU_ERRORS):
-            tf.config.experimental_connect_to_cluster(resolver)
-            connected = True
-            tf.tpu.experimental.initialize_tpu_system(resolver)
+        # TensorFlow's lines on the way go unseen: ours says what failed
+        with native_stderr_quiet(_TPU_ERRORS + (UserError,)):
+            yield lambda resolver: _find_tpu(resolver, tpu)
     except _TPU_ERRORS as error:
-        # found is not the same as usable: a TPU held by another process (a
-        # second notebook, a stale run) fails here, and the cause must show
         detail = first_line(error)
         hint = _REHEARSE_TPU
         if re.search(r"in use|busy|lockfile", detail, re.IGNORECASE):
             hint = f"end the process that holds it, or {hint}"
-        if connected:
+        if "initialize_tpu_system" in _calls(error):
             problem = f"{_tpu_label(tpu)} was found but could not be initialised"
         else:
             problem = f"could not connect to {_tpu_label(tpu)}"
         raise UserError(f"{problem} (TensorFlow said: {detail}); {hint}") from error
-    return tf.distribute.TPUStrategy(resolver)
 
 
-def multi_worker_strategy(cluster, rehearse=None, startup_timeout_s=None):
+def _calls(error):
+    """The names of the functions `error` passed through, outermost first."""
+    names, trace = [], error.__traceback__
+    while trace is not None:
+        names.append(trace.tb_frame.f_code.co_name)
+        trace = trace.tb_next
+    return names
+
+
+def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
     """MultiWorkerMirroredStrategy for this process's place in `cluster`.
 
     Each worker trains on its GPUs; with `rehearse` K it trains on K logical
@@ -243,15 +269,14 @@ def multi_worker_strategy(cluster, rehearse=None, startup_timeout_s=None):
     (None: for ever) it gives up with one line naming who is missing.
     """
     wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
-    plain_device_buffers()
     if rehearse:
-        hide_gpus()
+        cpu_only()
         if rehearse > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration()] * rehearse)
-    elif not tf.config.list_physical_devices("GPU"):
-        gpu_strategy()  # raises the one-line "no GPU" error, with its cause
+    else:
+        check_gpus()
     # no per-collective timeout (TensorFlow calls it a debugging aid: a thread
     # per collective); a lost peer is noticed by the coordination service
     options = tf.distribute.experimental.CommunicationOptions(
@@ -264,6 +289,9 @@ def multi_worker_strategy(cluster, rehearse=None, startup_timeout_s=None):
     if rehearse and strategy.num_replicas_in_sync != expected:
         raise UserError(f"the rehearsal has {strategy.num_replicas_in_sync} replicas, "
                         f"expected {expected}")
+    print(f"[INFO] {cluster.task_type} {cluster.task_index} of a {cluster.workers}-worker "
+          "cluster; custom loop, since Keras 3's fit does not run under "
+          "MultiWorkerMirroredStrategy")
     return strategy
 
 
@@ -280,32 +308,23 @@ def _while_peers_start(build, cluster, timeout_s):
                               first_line(error)) from error
 
 
-def collective_communication(rehearse):
-    """How MultiWorkerMirroredStrategy's all-reduces travel: NCCL between GPUs.
+def for_device(device, rehearse=None, tpu=None):
+    """The strategy train_<device>.py builds, for the benchmarks in tools/ ("cpu", "gpu", "tpu").
 
-    AUTO, TensorFlow's default, all-reduces over gRPC rings even between the
-    GPUs of one machine; NCCL uses NVLink and the GPUs' own transport. A
-    rehearsal on CPUs keeps AUTO (NCCL needs GPUs).
-    """
-    implementation = tf.distribute.experimental.CommunicationImplementation
-    return implementation.AUTO if rehearse else implementation.NCCL
-
-
-def get_strategy(device, rehearse=None, tpu=None, cluster=None, startup_timeout_s=None):
-    """The strategy for `device` ("cpu", "gpu", "tpu"), or a rehearsal of it.
-
-    With `cluster` (a multi-worker TF_CONFIG, GPUs only) it is this worker's
-    MultiWorkerMirroredStrategy, which waits up to `startup_timeout_s` for
-    the other workers to start.
+    With `rehearse` N, N logical CPU devices stand in for the GPUs or TPU cores.
     """
     if device not in ("cpu", "gpu", "tpu"):
         raise UserError(f"unknown device {device!r}; choose cpu, gpu or tpu")
-    if cluster is not None:
-        return multi_worker_strategy(cluster, rehearse, startup_timeout_s)
     if rehearse:
-        return rehearsal_strategy(rehearse)
+        return rehearsal(rehearse)
     if device == "cpu":
-        return cpu_strategy()
+        cpu_only()
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
     if device == "gpu":
-        return gpu_strategy()
-    return tpu_strategy(tpu)
+        check_gpus()
+        return tf.distribute.MirroredStrategy()
+    with tpu_errors(tpu) as find:
+        found = find(tf.distribute.cluster_resolver.TPUClusterResolver)
+        tf.config.experimental_connect_to_cluster(found)
+        tf.tpu.experimental.initialize_tpu_system(found)
+    return tf.distribute.TPUStrategy(found)

@@ -18,15 +18,18 @@ step indices `fit` passes. One implementation each:
 `make_callbacks` builds the set a run needs from its plan.
 """
 import dataclasses
+import datetime
+import math
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch import preemption
-from pyimagesearch.backup import Backup
-from pyimagesearch.files import join
+from pyimagesearch.training import preemption
+from pyimagesearch.training.backup import Backup
+from pyimagesearch.training.errors import UserError
+from pyimagesearch.training.files import join
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -139,15 +142,54 @@ class RunCallbacks:
     callbacks: list
     timer: EpochTimer
     backup: Backup | None  # None without --backup-dir
+    steps_per_epoch: int
     start: int = 0         # global steps trained before this run (a resumed backup's)
+    started: datetime.datetime = dataclasses.field(  # for the run record
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc))
 
     def resume(self, cluster=None):
         """The global steps a backup has trained already (0 without one)."""
         self.start = self.backup.resume(cluster) if self.backup else 0
         return self.start
 
+    @property
+    def initial_epoch(self):
+        """The epoch fit starts from: the first one not finished."""
+        return -(-self.start // self.steps_per_epoch)
+
+    def finish_epoch(self, model, trainDs, valDs, verbose):
+        """After a resume in mid-epoch, train the rest of that epoch; the batches after it.
+
+        `fit` cannot start in the middle of an epoch, so the part left is a
+        call of its own (Keras' BackupAndRestore resumes from the epoch's
+        start instead, and would train its first steps twice). `trainDs`
+        starts where the backup ended; the batches it returns start at the
+        next epoch, which `fit` then trains from `initial_epoch`.
+        """
+        epoch, step = divmod(self.start, self.steps_per_epoch)
+        if not step:
+            return trainDs
+        rest = self.steps_per_epoch - step
+        print(f"[INFO] finishing epoch {epoch + 1}: {rest} of its "
+              f"{self.steps_per_epoch} steps are left")
+        part = model.fit(trainDs, epochs=epoch + 1, initial_epoch=epoch,
+                         steps_per_epoch=rest, validation_data=valDs,
+                         callbacks=self.callbacks, shuffle=False, verbose=verbose)
+        self.history(part.history)  # a loss that is not finite stops the run here
+        return trainDs.skip(rest)
+
     def history(self, trained):
-        """The losses of every epoch: the backup's also holds those before a resume."""
+        """The losses of every epoch: the backup's also holds those before a resume.
+
+        `trained` is what this process's fit (or custom loop) returned: no
+        epochs at all when a backup held them all. A loss in it that is not finite stops the run before anything is
+        written, with one line.
+        """
+        losses, val_losses = trained.get("loss", []), trained.get("val_loss", [])
+        if not all(math.isfinite(value) for value in losses + val_losses):
+            raise UserError(f"training diverged (loss {losses[-1]}, val_loss "
+                            f"{val_losses[-1]}); lower --learning-rate. Nothing "
+                            "was written: earlier outputs are untouched")
         return self.backup.history if self.backup else trained
 
     def finish(self):
@@ -156,7 +198,7 @@ class RunCallbacks:
             self.backup.finish()
 
 
-def make_callbacks(plan, source, digits):
+def make_callbacks(plan, digits):
     """The callbacks `plan` asks for; `digits` are the figure's, for TensorBoard.
 
     A worker that is not the chief writes no logs, and its checkpoints go to
@@ -165,9 +207,9 @@ def make_callbacks(plan, source, digits):
     settings = plan.settings
     preemption.watch()  # again: a multi-worker runtime may have taken SIGTERM over
     timer = EpochTimer()
-    # a loss that is not a number stops training; train.train_model then stops the run
+    # a loss that is not a number stops training; the run record then refuses it
     callbacks = [timer, keras.callbacks.TerminateOnNaN()]
-    backup = Backup(plan, source) if settings.backup_dir else None
+    backup = Backup(plan) if settings.backup_dir else None
     if backup:
         callbacks.append(backup)
     if plan.is_chief and (settings.logdir or settings.profile_steps):
@@ -178,4 +220,4 @@ def make_callbacks(plan, source, digits):
             callbacks.append(ProfileSteps(join(logdir, "train"), *settings.profile_steps,
                                           plan.steps_per_execution))
         callbacks.append(EpochSummaries(logdir, digits, plan.global_batch_size, timer))
-    return RunCallbacks(callbacks, timer, backup)
+    return RunCallbacks(callbacks, timer, backup, plan.steps_per_epoch)

@@ -1,4 +1,4 @@
-"""More than one machine: read TF_CONFIG, and report a lost peer in one line.
+"""More than one machine: read TF_CONFIG, wait for the peers, agree with them, name a lost one.
 
 Every process of a cluster gets a `TF_CONFIG` environment variable, set by
 hand, by `tools/launch_workers.py`, or by the platform (Vertex AI custom training,
@@ -7,7 +7,7 @@ Kubeflow's TFJob, a GKE job):
     {"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
      "task": {"type": "worker", "index": 0}}
 
-`read_tf_config` turns it into a `Cluster`, from which `strategy.py` builds a
+`read_tf_config` turns it into a `Cluster`, from which `strategies.py` builds a
 MultiWorkerMirroredStrategy. That keeps a copy of the model on every worker
 (on each of its GPUs, or on one CPU device) and all-reduces the gradients
 between the processes with TensorFlow's collective ops (their default, AUTO,
@@ -18,7 +18,6 @@ Keras 3's `model.fit` does not run under this strategy (keras-team/keras
 issue 20585: "Attempt to convert a value (PerReplica:...)"), so the training
 scripts use the custom loop (`loop.py`) there.
 """
-import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -28,7 +27,7 @@ import re
 import socket
 import time
 
-from pyimagesearch.errors import PeerLost, UserError, first_line
+from pyimagesearch.training.errors import PeerLost, UserError, first_line
 
 ROLES = ("chief", "worker")  # the task types that train; no parameter servers here
 # a task that is in the cluster but does not train: Vertex AI's worker pool 3
@@ -273,32 +272,27 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
                     "worker with the same flags, data and number of devices")
 
 
-@contextlib.contextmanager
-def peer_loss_reported(cluster):
-    """Turn the error a collective raises when a peer dies into one line (PeerLost).
+def peer_lost(cluster, error):
+    """The PeerLost line for `error`, if it is a collective's failing because a peer died; else None.
 
     On loopback a killed worker resets its connections and the survivors'
     collectives abort within seconds (UnavailableError); a host that stops
     answering without closing its connections is noticed by the coordination
     service's heartbeats, which abort the collectives the same way (a worker
     frozen with SIGSTOP here: 8 s). Errors of those types that name no peer
-    or collective (a bucket's, say) travel on as they are.
+    or collective (a bucket's, say) are not a lost peer: None.
     """
     if cluster is None:
-        yield
-        return
+        return None
     import tensorflow as tf
 
     lost = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
             tf.errors.AbortedError, tf.errors.CancelledError)
-    try:
-        yield
-    except lost as error:
-        if not _PEER.search(str(getattr(error, "message", error))):
-            raise  # not a collective's: a bucket that did not answer, say
-        raise PeerLost(f"{cluster.task_type} {cluster.task_index} lost a peer of its "
-                       f"{cluster.workers}-worker cluster and stopped "
-                       f"({type(error).__name__}: {_cause(error)})") from error
+    if not isinstance(error, lost) or not _PEER.search(str(getattr(error, "message", error))):
+        return None
+    return PeerLost(f"{cluster.task_type} {cluster.task_index} lost a peer of its "
+                    f"{cluster.workers}-worker cluster and stopped "
+                    f"({type(error).__name__}: {_cause(error)})")
 
 
 # what the errors of collectives and of the coordination service name: the
@@ -313,3 +307,16 @@ def _cause(error):
                          r"connect|failed|lost", re.IGNORECASE)
     return next((line for line in lines if telling.search(line)
                  and not line.startswith(("File ", "Detected at node"))), first_line(error))
+
+
+def collective_communication(rehearse):
+    """How MultiWorkerMirroredStrategy's all-reduces travel: NCCL between GPUs.
+
+    AUTO, TensorFlow's default, all-reduces over gRPC rings even between the
+    GPUs of one machine; NCCL uses NVLink and the GPUs' own transport. A
+    rehearsal on CPUs keeps AUTO (NCCL needs GPUs).
+    """
+    import tensorflow as tf
+
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    return implementation.AUTO if rehearse else implementation.NCCL

@@ -21,12 +21,12 @@ import shutil
 import keras
 import tensorflow as tf
 
-from pyimagesearch import preemption
+from pyimagesearch.training import preemption
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.cluster import check_workers_agree
-from pyimagesearch.errors import Preempted, UserError, first_line
-from pyimagesearch.files import join, read_json, scratch_folder, write_json
-from pyimagesearch.workarounds import stop_preemption_handler
+from pyimagesearch.training.cluster import check_workers_agree
+from pyimagesearch.training.errors import Preempted, UserError, first_line
+from pyimagesearch.training.files import join, read_json, scratch_folder, write_json
+from pyimagesearch.training.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
@@ -34,9 +34,9 @@ CHECKPOINTS = "checkpoints"
 KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held until 2026-12
 
 
-def identity(plan, source):
+def identity(plan):
     """What a backup must match to be resumed: the same model trained the same way."""
-    settings = plan.settings
+    settings, source = plan.settings, plan.source
     return {"run": plan.name, "model": AutoEncoder.__name__,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
@@ -63,14 +63,14 @@ class Backup(keras.callbacks.Callback):
     from the chief's folder.
     """
 
-    def __init__(self, plan, source):
+    def __init__(self, plan):
         super().__init__()
         self.folder = plan.settings.backup_dir
         self.output_dir = plan.settings.output_dir
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
         self.is_chief, self.workers = plan.is_chief, plan.workers
-        self.run = identity(plan, source)
+        self.run = identity(plan)
         self.history = {"loss": [], "val_loss": []}
         self.start_step = 0  # global steps trained before this run
         self._latest = None  # the checkpoint `resume` found, restored at train begin

@@ -138,3 +138,16 @@ def _distributed(strategy, dataset):
     if isinstance(dataset, tf.data.Dataset):
         return strategy.experimental_distribute_dataset(dataset)
     return dataset
+
+
+def custom_loop(model, trainDs, valDs, plan, run):
+    """`fit_custom` as the training scripts call it: the settings of `plan`, the callbacks of `run`.
+
+    A resumed run (`run.start` steps done) goes on from that very step.
+    """
+    epoch, step = divmod(run.start, plan.steps_per_epoch)
+    return fit_custom(model, plan.strategy, trainDs, valDs, plan.settings.epochs,
+                      plan.steps_per_epoch, plan.global_batch_size,
+                      steps_per_execution=plan.steps_per_execution, callbacks=run.callbacks,
+                      initial_epoch=epoch, initial_step=step,
+                      jit_compile=plan.settings.jit_compile)

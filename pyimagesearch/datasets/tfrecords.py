@@ -26,10 +26,10 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.files import join, write_json
-from pyimagesearch.passes import seeded_passes
-from pyimagesearch.workarounds import native_stderr_quiet
+from pyimagesearch.training.errors import UserError, first_line
+from pyimagesearch.training.files import join, write_json
+from pyimagesearch.datasets.passes import seeded_passes
+from pyimagesearch.training.workarounds import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
 FORMAT = "pyimagesearch-tfrecords"

@@ -1,0 +1,279 @@
+"""What a run is asked to do (`Settings`, from the flags) and what it works out (`RunPlan`).
+
+`plan_run` turns the settings into the numbers a run trains with on a
+number of replicas (global batch, steps, steps per execution, learning
+rate, which loop) and this process's place in a cluster. `RunPlan.with_data`
+adds what follows from the strategy and the data source: the validation cut
+and the facts every worker must agree on. `get_data`, the callbacks and the
+outputs all read the plan, never the argparse namespace.
+"""
+import dataclasses
+import os
+import sys
+
+from pyimagesearch import config
+from pyimagesearch.training.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The training flags, as parsed: every field is a flag of the same name."""
+
+    epochs: int = config.EPOCHS
+    batch_size: int = config.BATCH_SIZE   # per replica on CPU and GPU, global on TPU
+    steps_per_epoch: int | None = None    # None: an epoch of config.TRAIN_IMAGES
+    data_source: str = "auto"
+    data_dir: str | None = None
+    output_dir: str = config.BASE_IMG_PATH
+    seed: int = config.SEED
+    optimizer: str = config.OPTIMIZER
+    learning_rate: float = config.LEARNING_RATE
+    lr_scaling: str = "none"
+    loop: str = "fit"
+    precision: str = "float32"
+    jit_compile: bool = False
+    backup_dir: str | None = None
+    backup_every: int | None = None       # training steps between backups
+    logdir: str | None = None
+    profile_steps: tuple[int, int] | None = None
+
+    @classmethod
+    def from_args(cls, args):
+        """The Settings held by an argparse namespace (other attributes are ignored)."""
+        return cls(**{field.name: getattr(args, field.name)
+                      for field in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """What val_loss is the mean over."""
+
+    steps: int | None     # batches per evaluation; None: one pass over the split
+    images: int           # images val_loss averages
+    split_images: int     # images in the validation split
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The numbers one run trains with, derived from the settings and the strategy."""
+
+    settings: Settings
+    device: str               # cpu, gpu or tpu: the configuration being run
+    name: str                 # stem of the output files
+    rehearsal: bool           # True when logical CPU devices stand in for the device
+    replicas: int             # strategy.num_replicas_in_sync
+    global_batch_size: int    # images per step, over all replicas
+    steps_per_epoch: int
+    steps_per_execution: int  # train steps per call into the compiled function
+    fixed_validation: bool    # TPU style: repeated data, full batches, fixed steps
+    learning_rate: float      # after --lr-scaling
+    loop: str                 # "fit" or "custom"
+    workers: int = 1          # processes of a multi-worker cluster
+    is_chief: bool = True     # this process writes the outputs, logs and backups
+    cluster: object = None    # this process's place in a TF_CONFIG cluster, if any
+    # from `with_data`: the strategy, the data source and the validation cut
+    strategy: object = None
+    source: object = None
+    validation: Validation | None = None
+
+    @property
+    def verbose(self):
+        """fit's verbosity: a progress bar on a terminal, one line per epoch in a log file."""
+        return 1 if sys.stdout.isatty() else 2
+
+    def with_data(self, source, strategy):
+        """This plan on `strategy`, reading `source`: the validation cut worked out.
+
+        On CPU and GPU validation is one pass over the split, every batch
+        split evenly between the replicas: a split that is not a multiple of
+        the replica count leaves out its last few images (498 of 500 on 3
+        replicas) rather than give a replica an empty batch. The TPU
+        configuration needs full batches: the split is repeated and cut to
+        config.TPU_VALIDATION_STEPS batches when the batch is
+        config.TPU_BATCH_SIZE, else to `len // global batch`; never more than
+        one pass, never fewer than 1 batch (on the 500-digit sample one batch
+        of 1024 repeats digits). The cut is made in the dataset, not with
+        Keras' validation_steps, because Keras rounds those up to whole
+        multiples of steps_per_execution.
+        """
+        train_images = source.size(config.TRAIN_FLAG)
+        if self.global_batch_size > train_images:
+            raise UserError(f"a global batch of {self.global_batch_size:,} images is more "
+                            f"than the {train_images:,} training images of {source.label}; "
+                            "lower --batch-size")
+        count = source.size(config.VALIDATION_FLAG)
+        if self.fixed_validation:
+            batches = max(1, count // self.global_batch_size)
+            if self.global_batch_size == config.TPU_BATCH_SIZE:
+                batches = max(1, min(config.TPU_VALIDATION_STEPS, batches))
+            validation = Validation(batches, batches * self.global_batch_size, count)
+        else:
+            validation = Validation(None, usable_images(count, self.replicas), count)
+        return dataclasses.replace(self, strategy=strategy, source=source,
+                                   validation=validation)
+
+    def describe(self):
+        """The log lines that say how the run is laid out."""
+        lines = [f"[INFO] global batch {self.global_batch_size} "
+                 f"({self.global_batch_size // self.replicas} per replica), "
+                 f"{self.steps_per_epoch} steps per epoch, "
+                 f"{self.steps_per_execution} per execution; {self.settings.precision}"
+                 + (", XLA" if self.settings.jit_compile else "") + f", {self.loop} loop"]
+        if self.settings.lr_scaling != "none":
+            lines.append(f"[INFO] learning rate {self.settings.learning_rate:g} scaled "
+                         f"({self.settings.lr_scaling}) for a global batch of "
+                         f"{self.global_batch_size}: {self.learning_rate:g}")
+        return "\n".join(lines)
+
+    def validation_note(self):
+        """A log line when val_loss is not the mean over the whole validation split; else None."""
+        validation = self.validation
+        if validation is None or validation.images == validation.split_images:
+            return None
+        why = ("repeated to full batches: a TPU step takes full batches only"
+               if validation.images > validation.split_images else
+               f"a multiple of the {self.replicas} replicas, so that each gets a share "
+               "of every batch")
+        return (f"[INFO] val_loss is the mean over {validation.images:,} images of the "
+                f"{validation.split_images:,} in the validation split ({why})")
+
+    def agreed_facts(self):
+        """What every worker of a cluster must share: devices, data and training settings."""
+        settings, source = self.settings, self.source
+        return {"devices per worker": len(self.strategy.extended.worker_devices),
+                "data source": source.label,
+                "training images": source.size(config.TRAIN_FLAG),
+                "validation images": source.size(config.VALIDATION_FLAG),
+                "global batch": self.global_batch_size,
+                "steps per epoch": self.steps_per_epoch,
+                "epochs": settings.epochs, "seed": settings.seed,
+                "optimizer": settings.optimizer, "learning rate": self.learning_rate,
+                "precision": settings.precision, "XLA": settings.jit_compile,
+                "loop": self.loop}
+
+    def optimizer(self):
+        """A fresh Keras optimizer of the flags; create it inside the strategy's scope.
+
+        Under mixed_float16 it is wrapped in a LossScaleOptimizer (precision.py).
+        """
+        from pyimagesearch.training.precision import with_loss_scaling
+
+        return with_loss_scaling(make_optimizer(self.settings.optimizer, self.learning_rate),
+                                 self.settings.precision)
+
+
+def make_optimizer(name, learning_rate):
+    """A fresh Keras optimizer called `name` ("adam" or "sgd")."""
+    import keras
+
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate=learning_rate)
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=learning_rate)
+    raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
+
+
+def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
+    """Work out the global batch, steps and learning rate for `device` on `replicas`.
+
+    `cluster` (from TF_CONFIG) makes this one worker of several: it trains
+    with the custom loop, and only its chief writes.
+    """
+    if device == "tpu":
+        # the article's TPU batch is global: 1024 over 8 cores is 128 per core
+        global_batch = settings.batch_size
+        if global_batch % replicas:
+            raise UserError(f"--batch-size {global_batch} does not split evenly "
+                            f"over {replicas} replicas")
+    else:
+        # CPU and GPU: the batch is per replica, the global batch grows with them
+        global_batch = settings.batch_size * replicas
+    if settings.steps_per_epoch:
+        steps = settings.steps_per_epoch
+    elif device == "tpu" and global_batch == config.TPU_BATCH_SIZE:
+        steps = config.TPU_STEPS_PER_EPOCH  # the article's 58, or the reader's value
+    else:
+        steps = config.TRAIN_IMAGES // global_batch
+    if steps < 1:
+        raise UserError(f"a global batch of {global_batch} is larger than an epoch "
+                        f"of {config.TRAIN_IMAGES} images; lower --batch-size or "
+                        "set --steps-per-epoch")
+    if settings.profile_steps and settings.profile_steps[0] > settings.epochs * steps:
+        raise UserError(f"--profile-steps {settings.profile_steps[0]},"
+                        f"{settings.profile_steps[1]} starts after the last of the run's "
+                        f"{settings.epochs * steps} steps")
+    stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
+    return RunPlan(
+        settings, device, name=f"{stem}_rehearsal" if rehearsal else stem,
+        rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
+        steps_per_epoch=steps,
+        # a TPU runs the whole epoch per call: every call is a blocking round trip
+        steps_per_execution=steps if device == "tpu" else steps_per_execution(steps),
+        fixed_validation=device == "tpu",
+        learning_rate=scaled_learning_rate(settings.learning_rate, settings.lr_scaling,
+                                           global_batch),
+        # Keras 3's fit does not run under MultiWorkerMirroredStrategy
+        loop="custom" if cluster else settings.loop,
+        workers=cluster.workers if cluster else 1,
+        is_chief=cluster.is_chief if cluster else True, cluster=cluster)
+
+
+def usable_images(count, replicas):
+    """How many of `count` images split into equal, non-empty shares per replica.
+
+    MirroredStrategy splits a short last batch unevenly unless it is a
+    multiple of the replicas (4 images on 3 replicas: 2, 2 and none), and a
+    replica with no images fails (a Conv2D on an empty batch on CPU) or
+    averages to NaN (GPU); so a finite split keeps a multiple of the replicas.
+    """
+    return count - count % replicas
+
+
+def check_levers(plan, strategy):
+    """Refuse --jit-compile where it cannot work."""
+    if not plan.settings.jit_compile:
+        return
+    if plan.device == "tpu" and not plan.rehearsal:
+        raise UserError("--jit-compile is for CPUs and GPUs: a TPU compiles every step "
+                        "with XLA anyway")
+    if plan.rehearsal and strategy.extended.worker_devices[1:]:
+        # XLA compiles the step for CPU:0 and then cannot reach the variables
+        # of the other logical CPUs ("Trying to access resource ... located
+        # in device CPU:1 from device CPU:0"); real GPUs each compile their own
+        raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
+                        "in one process; use --rehearse 1, or leave out --jit-compile")
+
+
+def figure_path(device):
+    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH: names the run's outputs.
+
+    Read when called, so an edited config.py (or a test's) takes effect.
+    """
+    return getattr(config, f"{device.upper()}_IMG_PATH")
+
+
+def steps_per_execution(steps, limit=config.STEPS_PER_EXECUTION):
+    """The largest divisor of `steps` up to `limit`.
+
+    Keras runs whole executions, so one that does not divide the epoch would
+    train extra steps (58 steps at 8 per execution train 64).
+    """
+    return max(n for n in range(1, min(limit, steps) + 1) if steps % n == 0)
+
+
+def scaled_learning_rate(learning_rate, scaling, global_batch_size,
+                         base_batch_size=config.BATCH_SIZE):
+    """Scale a learning rate tuned for `base_batch_size` to a larger global batch.
+
+    A batch k times larger gives k times fewer updates per epoch; "linear"
+    multiplies the rate by k, "sqrt" by the square root of k (gentler, often
+    the better match for Adam), "none" leaves it.
+    """
+    factor = global_batch_size / base_batch_size
+    if scaling == "linear":
+        return learning_rate * factor
+    if scaling == "sqrt":
+        return learning_rate * factor ** 0.5
+    if scaling == "none":
+        return learning_rate
+    raise UserError(f"unknown learning-rate scaling {scaling!r}")
