@@ -89,7 +89,8 @@ def main(argv=None):
     # iterate over the subplots and fill with test and predicted images, in
     # their true grey levels (array_to_img would stretch each one's contrast)
     print("[INFO] displaying the predicted images...")
-    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2)
+    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2,
+        subplot_kw={"xticks": [], "yticks": []})  # pixel ticks tell nothing here
     for ax, real, pred in zip(rows, testIm, predIm):
         # plot the input image
         ax[0].imshow(real[..., 0], cmap="gray", vmin=0, vmax=1)

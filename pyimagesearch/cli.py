@@ -241,7 +241,8 @@ def plan(device, args, strategy):
     run = run.with_data(source, strategy)
     if run.validation_note():
         print(run.validation_note())
-    check_workers_agree(args.cluster, run.agreed_facts())
+    if args.cluster:
+        check_workers_agree(args.cluster, run.agreed_facts())
     set_precision(settings.precision)
     return run
 

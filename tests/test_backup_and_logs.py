@@ -26,7 +26,7 @@ def _start(repo, args):
 
 
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
-def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, loop):
+def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, in_process, loop):
     args = SHORT + ["--epochs", "4", "--loop", loop, "--backup-dir", str(tmp_path / "backup"),
                     "--output-dir", str(tmp_path / "out")]
     first = _start(repo, args)
@@ -43,8 +43,7 @@ def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, loop):
     assert first.returncode == -signal.SIGKILL
     assert not (tmp_path / "out" / "cpu.json").exists()  # the killed run wrote nothing
 
-    again = subprocess.run([sys.executable, "train_cpu.py", *args], cwd=repo,
-                           capture_output=True, text=True, timeout=300)
+    again = in_process("train_cpu.py", *args)  # the same command, after the crash
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     epochs = re.findall(r"^Epoch (\d)/4", again.stdout, flags=re.MULTILINE)
     assert epochs == ["3", "4"]  # epochs 1 and 2 were not trained again

@@ -82,19 +82,31 @@ def test_an_empty_tf_config_is_no_cluster(tmp_path, monkeypatch):
     assert (tmp_path / "gpu_rehearsal.json").exists()
 
 
-@pytest.fixture
-def left_backup(tmp_path, monkeypatch):
-    """A backup folder of a 1-epoch run whose outputs could not be written."""
+@pytest.fixture(scope="module")
+def _one_left_backup(tmp_path_factory):
+    """The backup folder of a 1-epoch run whose outputs could not be written, made once."""
+    folder = tmp_path_factory.mktemp("left")
+
     def no_disk(*args, **kwargs):
         raise OSError("disk full")
 
-    args = TINY + ["--backup-dir", str(tmp_path / "backup"), "--output-dir",
-                   str(tmp_path / "out")]
-    with monkeypatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(outputs.RunOutputs, "__enter__", no_disk)
         with pytest.raises(OSError, match="disk full"):
-            train_cpu.main(args)
-    assert (tmp_path / "backup" / "checkpoints").is_dir()
+            train_cpu.main(TINY + ["--backup-dir", str(folder / "backup"),
+                                   "--output-dir", str(folder / "out")])
+    assert (folder / "backup" / "checkpoints").is_dir()
+    return folder / "backup"
+
+
+@pytest.fixture
+def left_backup(_one_left_backup, tmp_path):
+    """A copy of that backup for one test to damage or resume, and the run's flags."""
+    import shutil
+
+    shutil.copytree(_one_left_backup, tmp_path / "backup")
+    args = TINY + ["--backup-dir", str(tmp_path / "backup"), "--output-dir",
+                   str(tmp_path / "out")]
     return tmp_path / "backup", args
 
 

@@ -1,30 +1,14 @@
 """compare.py on records of tiny real runs: Table 1, the figure, bad records."""
 import json
 import shutil
-import subprocess
-import sys
 
-import pytest
 
 import compare
-import train_cpu
-import train_tpu
 
 
-@pytest.fixture(scope="module")
-def run_folder(tmp_path_factory):
-    """A folder with the records and models of a tiny CPU run and a tiny TPU rehearsal."""
-    folder = tmp_path_factory.mktemp("runs")
-    tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample",
-            "--output-dir", str(folder)]
-    train_cpu.main(tiny + ["--batch-size", "32"])
-    train_tpu.main(tiny + ["--rehearse", "2", "--batch-size", "64"])
-    return folder
-
-
-def test_compare_builds_table_and_figure(run_folder, tmp_path, capsys):
+def test_compare_builds_table_and_figure(tiny_runs, tmp_path, capsys):
     folder = tmp_path / "runs"
-    shutil.copytree(run_folder, folder)
+    shutil.copytree(tiny_runs, folder)
     (folder / "broken.json").write_text("{ not json")
     (folder / "foreign.json").write_text(json.dumps({"name": "package.json"}))
     compare.main([str(folder)])
@@ -47,9 +31,8 @@ def test_compare_row_separates_the_first_epoch():
     assert row[8:10] == ("0.1000", "0.2000")
 
 
-def test_compare_without_records_is_one_line(repo, tmp_path):
-    result = subprocess.run([sys.executable, "compare.py", str(tmp_path)],
-                            cwd=repo, capture_output=True, text=True, timeout=120)
+def test_compare_without_records_is_one_line(in_process, tmp_path):
+    result = in_process("compare.py", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no run records" in lines[0], result.stderr

@@ -84,29 +84,45 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
-@pytest.mark.slow  # tests/test_multi_worker.py checks the same step through the launcher
 def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
-    # Vertex AI's worker pools 0 and 1: a chief and a worker
+    # Vertex AI's worker pools 0 and 1: a chief and a worker. The worker is
+    # given folders of its own, so anything it wrote would show.
     flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
     (chief, chief_out), (worker, worker_out) = _cluster(repo, [
-        ["chief", *flags, "--output-dir", str(tmp_path / "cluster")],
-        ["worker", *flags, "--output-dir", str(tmp_path / "worker")]])
+        ["chief", *flags, "--output-dir", str(tmp_path / "cluster"),
+         "--backup-dir", str(tmp_path / "backup"), "--logdir", str(tmp_path / "logs")],
+        ["worker", *flags, "--output-dir", str(tmp_path / "worker"),
+         "--backup-dir", str(tmp_path / "worker-backup"),
+         "--logdir", str(tmp_path / "worker-logs")]])
     assert chief == worker == 0, chief_out[-2000:] + worker_out[-2000:]
     record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
     assert (record["workers"], record["global_batch_size"]) == (2, 256)
     assert record["communication"] == "AUTO"  # a rehearsal: NCCL needs GPUs
-    assert not (tmp_path / "worker").exists()  # only the chief writes
+    assert sorted(os.listdir(tmp_path / "cluster")) == [
+        "gpu_rehearsal.json", "gpu_rehearsal.keras", "gpu_rehearsal.png"]
+    assert (tmp_path / "logs" / "gpu_rehearsal").is_dir()
+    assert not (tmp_path / "backup").exists()  # the finished run deleted it
+    # only the chief writes: outputs, backups and logs
+    for folder in ("worker", "worker-backup", "worker-logs"):
+        assert not (tmp_path / folder).exists(), folder
+    assert "worker 0 done; the chief writes the outputs" in worker_out
     train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")])
     for a, b in zip(_weights(tmp_path / "one" / "cpu.keras"),
                     _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
-def test_a_cluster_of_one_and_an_evaluator(repo, tmp_path):
+def test_a_cluster_of_one_and_an_evaluator(in_process, monkeypatch, tmp_path):
+    # TF_CONFIG as Vertex AI sets it for one machine, then for an evaluator
+    # (its worker pool 3): what the scripts make of it needs no second process
     flags = [*ONE_SGD_STEP, "--rehearse", "1"]
-    (alone, alone_out), (evaluator, evaluator_out) = _cluster(repo, [
-        ["worker", "train_gpu.py", *flags, "--output-dir", str(tmp_path / "alone")],
-        ["evaluator", "train_gpu.py", *flags, "--output-dir", str(tmp_path / "evaluator")]])
+    runs = []
+    for task, folder in (("worker", "alone"), ("evaluator", "evaluator")):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({
+            "cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": task, "index": 0}}))
+        done = in_process("train_gpu.py", *flags, "--output-dir", str(tmp_path / folder))
+        runs.append((done.returncode, done.stdout + done.stderr))
+    (alone, alone_out), (evaluator, evaluator_out) = runs
     assert alone == 0, alone_out[-2000:]
     assert "cluster of 1 task" in alone_out
     assert json.loads((tmp_path / "alone" / "gpu_rehearsal.json").read_text())["workers"] == 1
@@ -142,12 +158,11 @@ def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference
     assert not (tmp_path / "gpu_rehearsal.json").exists()
 
 
-def test_train_cpu_refuses_a_cluster(repo, tmp_path):
+def test_train_cpu_refuses_a_cluster(in_process, monkeypatch, tmp_path):
     config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
               "task": {"type": "worker", "index": 0}}
-    result = subprocess.run([sys.executable, "train_cpu.py", "--output-dir", str(tmp_path)],
-                            cwd=repo, env={**os.environ, "TF_CONFIG": json.dumps(config)},
-                            capture_output=True, text=True, timeout=120)
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    result = in_process("train_cpu.py", "--output-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "run train_gpu.py on every machine" in lines[0], result.stderr

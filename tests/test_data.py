@@ -142,7 +142,7 @@ def test_a_stand_in_in_tfds_default_data_dir_is_found(tmp_path, monkeypatch):
 def test_training_data_is_reshuffled_every_epoch():
     train = sources.SampleSource().images(config.TRAIN_FLAG)
     dataset = make_pipeline(train, Reading(batch_size=4500, shuffle_size=4500,
-                                                     repeat=True, drop_remainder=True, seed=5))
+                                           repeat=True, drop_remainder=True, seed=5))
     first, second = [(images.numpy() * 255).round().astype(np.uint8)
                      for images, _ in dataset.take(2)]
     keys = {row.tobytes() for row in train}
@@ -157,7 +157,7 @@ def test_each_replica_gets_its_slice_of_every_global_batch(replicas):
 
     train = sources.SampleSource().images(config.TRAIN_FLAG)
     reading = Reading(batch_size=12, shuffle_size=100, repeat=True,
-                           drop_remainder=True, seed=1)
+                      drop_remainder=True, seed=1)
     whole = [images.numpy() for images, _ in make_pipeline(train, reading).take(3)]
     for pipelines in (1, replicas):
         local = replicas // pipelines

@@ -441,12 +441,21 @@ def table1_mismatches(readme, printed):
 @pytest.fixture(scope="module")
 def printed_table1(tmp_path_factory):
     """What `python compare.py outputs/quoted --with-article` prints (figure in a temp dir)."""
+    import contextlib
+    import io
+    import os
+
+    import compare
+
     out = tmp_path_factory.mktemp("compare")
-    result = subprocess.run(
-        [sys.executable, "compare.py", "outputs/quoted", "--with-article", "--output-dir",
-         str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    printed, here = io.StringIO(), os.getcwd()
+    os.chdir(REPO)  # compare.py's folders are the command's, from the repository root
+    try:
+        with contextlib.redirect_stdout(printed):
+            compare.main(["outputs/quoted", "--with-article", "--output-dir", str(out)])
+    finally:
+        os.chdir(here)
+    return printed.getvalue()
 
 
 def test_table1_in_the_readme_is_what_compare_prints(printed_table1):
@@ -530,12 +539,35 @@ def test_every_tool_is_documented_as_python_tools():
     assert not [s for s in SCRIPT.findall(text) if s in TOOLS]
 
 
-@pytest.mark.parametrize("tool", TOOLS)
-def test_every_tool_answers_help(tool):
-    result = subprocess.run([sys.executable, f"tools/{tool}", "--help"], cwd=REPO,
+# Runs every tool as `python tools/NAME.py --help` would, one after the other
+# in one interpreter (one TensorFlow start-up, not one per tool); prints
+# {tool: [exit status, what it printed]} as JSON.
+HELP_DRIVER = r"""
+import contextlib, io, json, runpy, sys
+answers = {}
+for tool in sys.argv[1:]:
+    printed = io.StringIO()
+    sys.argv = [f"tools/{tool}", "--help"]
+    try:
+        with contextlib.redirect_stdout(printed):
+            runpy.run_path(f"tools/{tool}", run_name="__main__")
+        status = 0
+    except SystemExit as stop:
+        status = stop.code or 0
+    answers[tool] = [status, printed.getvalue()]
+print(json.dumps(answers))
+"""
+
+
+def test_every_tool_answers_help():
+    result = subprocess.run([sys.executable, "-c", HELP_DRIVER, *TOOLS], cwd=REPO,
                             capture_output=True, text=True, timeout=HELP_TIMEOUT_SECONDS)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage:")
+    answers = json.loads(result.stdout.splitlines()[-1])
+    for tool in TOOLS:
+        status, printed = answers[tool]
+        assert status == 0, (tool, result.stderr)
+        assert printed.startswith("usage:"), tool
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -564,3 +596,48 @@ def test_every_relative_link_resolves():
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
                 broken.append(f"{name}: {target} (no such heading)")
     assert broken == []
+
+
+# --- the README's map of the article's listing onto train_tpu.py ---------------------
+
+# the article's lines as the README's table names them -> what this train_tpu.py's
+# lines, as the same row names them, must hold
+LISTING_STEPS = {
+    "lines 5-6": ["set_random_seed("],
+    "lines 9-19": ["from pyimagesearch.data import get_data", "import tensorflow as tf"],
+    "lines 22-25": ["TPUClusterResolver", "experimental_connect_to_cluster(",
+                    "initialize_tpu_system(", "TPUStrategy("],
+    "lines 27-28": ["numAcc = strategy.num_replicas_in_sync"],
+    "lines 32-39": ["trainDs = get_data(", "valDs = get_data("],
+    "lines 42-54": ["strategy.scope()", "AutoEncoder()", "MSELoss(scale=numAcc)",
+                    ".compile(", ".fit("],
+    "lines 57-59": [".predict("],
+    "lines 62-73": [".subplots(", "Input Image", "Predicted Image"],
+    "lines 77-82": [".savefig("],
+}
+
+
+def _script_lines(cell):
+    """The lines of train_tpu.py that a README cell names ("line 18, and lines 23-24")."""
+    script = (REPO / "train_tpu.py").read_text().splitlines()
+    picked = []
+    for first, last in re.findall(r"lines? (\d+)(?:-(\d+))?", cell):
+        picked += script[int(first) - 1:int(last or first)]
+    return "\n".join(picked)
+
+
+def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
+    rows = {row.split(" | ")[0][2:].split(":")[0]: row.split(" | ")[1]
+            for row in table_rows(README.read_text()) if row.startswith("| lines ")}
+    assert set(rows) == set(LISTING_STEPS)
+    for article, steps in LISTING_STEPS.items():
+        held = _script_lines(rows[article])
+        missing = [step for step in steps if step not in held]
+        assert missing == [], f"{article}: {rows[article]!r} does not hold {missing}"
+    # the listings table points into the script too
+    readme = _flat(README.read_text())
+    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 59" in readme
+    assert "MSELoss(scale=numAcc)" in _script_lines("line 59")
+    assert "(`train_tpu.py` lines 77-100)" in readme
+    assert ".predict(" in _script_lines("lines 77-100") and "imshow" in _script_lines(
+        "lines 77-100")

@@ -76,11 +76,9 @@ def test_the_forms_platforms_set_are_read():
     assert evaluator.task_type == "evaluator" and not evaluator.is_chief
 
 
-def test_a_broken_tf_config_is_one_line_and_exit_2(repo, tmp_path):
-    env = {**os.environ, "TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}}'}
-    result = subprocess.run([sys.executable, "train_gpu.py", "--rehearse", "1",
-                             "--output-dir", str(tmp_path)], cwd=repo, env=env,
-                            capture_output=True, text=True, timeout=120)
+def test_a_broken_tf_config_is_one_line_and_exit_2(in_process, monkeypatch, tmp_path):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}}')
+    result = in_process("train_gpu.py", "--rehearse", "1", "--output-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "TF_CONFIG" in lines[0], result.stderr
@@ -148,8 +146,10 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
+# slow: tests/test_cluster_forms.py runs a 2-worker step by hand in the default run
 @pytest.mark.parametrize("devices, global_batch, seed", [
-    (1, 256, "42"), pytest.param(1, 256, "0", marks=pytest.mark.slow),
+    pytest.param(1, 256, "42", marks=pytest.mark.slow),
+    pytest.param(1, 256, "0", marks=pytest.mark.slow),
     pytest.param(2, 512, "42", marks=pytest.mark.slow)])
 def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch,
                                                    seed):

@@ -5,8 +5,6 @@ through the same tf.io.gfile calls.
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -100,11 +98,12 @@ def test_a_folder_in_the_way_of_an_output_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json", "c.json"]
 
 
-def test_an_unreachable_bucket_is_one_line_and_no_local_folder(repo, tmp_path):
+def test_an_unreachable_bucket_is_one_line_and_no_local_folder(in_process, monkeypatch,
+                                                               tmp_path):
     # offline here: the bucket cannot be reached, and nothing local is created
-    result = subprocess.run([sys.executable, str(repo / "train_cpu.py"), *TINY,
-                             "--output-dir", "gs://pyimagesearch-no-such-bucket/out"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    monkeypatch.chdir(tmp_path)
+    result = in_process("train_cpu.py", *TINY,
+                        "--output-dir", "gs://pyimagesearch-no-such-bucket/out")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write to output folder gs://" in lines[0], result.stderr

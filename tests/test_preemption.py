@@ -26,15 +26,23 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
+class Uninterrupted(dict):
+    """{loop: weights} of the 4-epoch run that nothing stopped, trained when first asked for."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, loop):
+        train_cpu.main(SHORT + ["--loop", loop, "--output-dir", str(self.folder / loop)])
+        self[loop] = _weights(self.folder / loop / "cpu.keras")
+        return self[loop]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """{loop: weights} of the 4-epoch run that nothing stopped."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    weights = {}
-    for loop in ("fit", "custom"):
-        train_cpu.main(SHORT + ["--loop", loop, "--output-dir", str(folder / loop)])
-        weights[loop] = _weights(folder / loop / "cpu.keras")
-    return weights
+    """The weights of uninterrupted runs, by loop (only the loops a test asks for are run)."""
+    return Uninterrupted(tmp_path_factory.mktemp("uninterrupted"))
 
 
 def _stopped_at(repo, args, line, sig):
@@ -65,7 +73,7 @@ def _assert_same_weights(resumed, uninterrupted):
 
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_does(
-        repo, tmp_path, uninterrupted, loop):
+        repo, tmp_path, uninterrupted, in_process, loop):
     args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
                     "--output-dir", str(tmp_path / "out")]
     status, output = _stopped_at(repo, args, "Epoch 2/4", signal.SIGTERM)
@@ -75,8 +83,7 @@ def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_d
     assert "Traceback" not in output
     assert not list((tmp_path / "out").iterdir())  # nothing written but the backup
 
-    again = subprocess.run([sys.executable, "train_cpu.py", *args], cwd=repo,
-                           capture_output=True, text=True, timeout=300)
+    again = in_process("train_cpu.py", *args)  # the same command, here: no signal now
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     record = json.loads((tmp_path / "out" / "cpu.json").read_text())
     saved = int(re.search(r"after (\d+) steps", errors[0]).group(1))
@@ -89,13 +96,12 @@ def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_d
 @pytest.mark.slow  # the kill itself is in tests/test_backup_and_logs.py's default run
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
-        repo, tmp_path, uninterrupted, loop):
+        repo, tmp_path, uninterrupted, in_process, loop):
     args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
                     "--output-dir", str(tmp_path / "out")]
     status, output = _stopped_at(repo, args, "Epoch 3/4", signal.SIGKILL)
     assert status == -signal.SIGKILL, output
-    again = subprocess.run([sys.executable, "train_cpu.py", *args], cwd=repo,
-                           capture_output=True, text=True, timeout=300)
+    again = in_process("train_cpu.py", *args)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     record = json.loads((tmp_path / "out" / "cpu.json").read_text())
     assert (record["resumed_from_epoch"], record["resumed_from_step"]) == (2, 120)

@@ -15,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import prepare_mnist
-from pyimagesearch import config, data
+from pyimagesearch import config
 from pyimagesearch.datasets import sources
 from pyimagesearch.training.errors import UserError
 

@@ -4,8 +4,6 @@ Tiny data throughout: the 5,000-digit sample, or a few hundred of its digits.
 """
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -17,7 +15,8 @@ import prepare_mnist
 import train_cpu
 import write_tfrecords
 from pyimagesearch import config, data
-from pyimagesearch.datasets import pipeline, sources, tfrecords
+from pyimagesearch.datasets import sources, tfrecords
+from pyimagesearch.datasets.pipeline import Reading
 from pyimagesearch.training.errors import UserError
 
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
@@ -299,15 +298,14 @@ def test_counts_that_disagree_with_the_metadata(folder):
 
 
 def test_training_on_a_truncated_shard_is_one_line_and_keeps_earlier_outputs(
-        folder, tmp_path, repo):
+        folder, tmp_path, in_process):
     shard = first_shard(folder)
     os.truncate(shard, shard.stat().st_size // 2)
     out = tmp_path / "out"
     out.mkdir()
     (out / "cpu.json").write_text("earlier run")
-    done = subprocess.run([sys.executable, "train_cpu.py", "--data-source", "tfrecord",
-                           "--data-dir", str(folder), "--output-dir", str(out)],
-                          cwd=repo, capture_output=True, text=True, timeout=300)
+    done = in_process("train_cpu.py", "--data-source", "tfrecord",
+                      "--data-dir", str(folder), "--output-dir", str(out))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
@@ -382,8 +380,8 @@ def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, sm
     write(tmp_path, small, shards=2)
     source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
     off = tf.data.experimental.AutoShardPolicy.OFF
-    reading = pipeline.Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
-                           drop_remainder=True)
+    reading = Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
+                      drop_remainder=True)
     # one process: a strategy over several hosts (a TPU slice) shards it
     whole = source.dataset(TRAIN, reading)
     assert whole.options().experimental_distribute.auto_shard_policy != off

@@ -73,6 +73,17 @@ def test_staged_outputs_replace_only_on_success(tmp_path):
     assert json.loads((tmp_path / "a.json").read_text()) == {"new": 1}
 
 
+def test_a_bad_flag_is_one_line_and_exit_2_from_a_fresh_process(repo, tmp_path):
+    # the other flag tests run in this process; this one also proves that
+    # TensorFlow's start-up says nothing on stderr around the one line
+    (tmp_path / "cpu.png").write_text("earlier")
+    result = _run_script(repo, "train_cpu.py", "--epochs", "0", "--output-dir", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--epochs: must be at least 1" in lines[0], result.stderr
+    assert (tmp_path / "cpu.png").read_text() == "earlier"
+
+
 @pytest.mark.parametrize("flags, complaint", [
     (["--epochs", "0"], "--epochs: must be at least 1"),
     (["--batch-size", "-3"], "--batch-size: must be at least 1"),
@@ -82,41 +93,41 @@ def test_staged_outputs_replace_only_on_success(tmp_path):
     (["--seed", str(2**32)], "--seed: must be at most 4294967295"),
     (["--data-source", "floppy"], "--data-source: invalid choice"),
 ])
-def test_bad_flags_give_one_line_and_exit_2(repo, tmp_path, flags, complaint):
+def test_bad_flags_give_one_line_and_exit_2(in_process, tmp_path, flags, complaint):
     (tmp_path / "cpu.png").write_text("earlier")
-    result = _run_script(repo, "train_cpu.py", *flags, "--output-dir", str(tmp_path))
+    result = in_process("train_cpu.py", *flags, "--output-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and complaint in lines[0], result.stderr
     assert (tmp_path / "cpu.png").read_text() == "earlier"
 
 
-def test_unwritable_output_folder_gives_one_line(repo, tmp_path):
+def test_unwritable_output_folder_gives_one_line(in_process, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    result = _run_script(repo, "train_cpu.py", "--output-dir", str(blocker / "out"))
+    result = in_process("train_cpu.py", "--output-dir", str(blocker / "out"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write to output folder" in lines[0], result.stderr
 
 
 @pytest.mark.parametrize("source", ["sample", "auto"])
-def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(repo, tmp_path, source):
+def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(in_process, monkeypatch,
+                                                          tmp_path, source):
     if source == "auto" and sources.network_reachable():
         pytest.skip("auto would download MNIST on a machine with network")
-    env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path / "not-yet")}
-    result = subprocess.run([sys.executable, "train_cpu.py", *TINY[:-2], "--data-source",
-                             source, "--output-dir", str(tmp_path / "out")], cwd=repo,
-                            env=env, capture_output=True, text=True, timeout=300)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "not-yet"))
+    result = in_process("train_cpu.py", *TINY[:-2], "--data-source", source,
+                        "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "out" / "cpu.json").read_text())["data_source"] == "sample"
     assert "\x1b" not in result.stdout + result.stderr  # redirected: no terminal escapes
 
 
 @pytest.mark.skipif(sources.network_reachable(), reason="needs a machine without network")
-def test_tfds_source_offline_gives_one_line_within_the_probe(repo, tmp_path):
-    result = _run_script(repo, "train_cpu.py", "--data-source", "tfds",
-                         "--data-dir", str(tmp_path), "--output-dir", str(tmp_path))
+def test_tfds_source_offline_gives_one_line_within_the_probe(in_process, tmp_path):
+    result = in_process("train_cpu.py", "--data-source", "tfds",
+                        "--data-dir", str(tmp_path), "--output-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--data-source sample" in lines[0], result.stderr
@@ -175,3 +186,20 @@ def test_custom_loop_runs_every_step_of_an_uneven_epoch():
     fit_custom(model, strategy, dataset.repeat(), dataset, epochs=1, steps_per_epoch=5,
                global_batch_size=4, steps_per_execution=3, verbose=False)
     assert int(model.optimizer.iterations) == 5  # 3 + 2, none dropped
+
+
+def test_the_figure_shows_the_inputs_left_and_the_predictions_right(tmp_path, monkeypatch):
+    # the model "predicts" white images: a right column of inputs (black
+    # digits' backgrounds) or of anything but the predictions shows up dark
+    import matplotlib.image
+
+    def white(self, images, **kwargs):
+        return np.ones_like(images)
+
+    monkeypatch.setattr(keras.Model, "predict", white)
+    train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
+    pixels = matplotlib.image.imread(tmp_path / "cpu.png")[..., :3].mean(axis=-1)
+    left, right = np.array_split(pixels, 2, axis=1)
+    dark = 0.1  # MNIST's background is 0: black in the figure
+    assert (left < dark).mean() > 0.3  # the input digits, mostly background
+    assert (right < dark).mean() < 0.05  # white predictions; titles and frames only

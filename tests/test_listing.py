@@ -1,0 +1,131 @@
+"""The scripts are the article's listing: its steps in its order, and the ones that really run.
+
+A reader opens train_tpu.py beside the article. These tests hold each
+script to the listing's steps, in order; count, by wrapping them before a
+script runs, that `get_data`, `Model.fit` and `Model.predict` are what it
+trains and predicts with; and hold the package to the article's shape, with
+its imports running downwards only.
+"""
+import ast
+import pathlib
+import re
+import runpy
+import sys
+import tokenize
+
+import keras
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "pyimagesearch"
+MAX_SCRIPT_LINES = 120
+# the listing's steps in order; the strategy's differ by device
+STEPS = ["num_replicas_in_sync", "get_data(", "get_data(", "strategy.scope()",
+         "AutoEncoder(", "MSELoss(scale=", ".compile(", ".fit(", ".predict(", ".savefig("]
+STRATEGY = {
+    "train_tpu.py": ["TPUClusterResolver", "connect_to_cluster", "initialize_tpu_system",
+                     "TPUStrategy("],
+    "train_gpu.py": ["MirroredStrategy("],
+    "train_cpu.py": ["OneDeviceStrategy("],
+}
+ARTICLE_MODULES = {"config", "data", "autoencoder", "loss"}
+MAX_MORE_MODULES = 3  # top-level modules the scripts call besides the article's
+
+
+def _code(path):
+    """The script's source with its comments cut out: a step in a comment counts for nothing."""
+    lines = path.read_text().splitlines()
+    with open(path) as handle:
+        for token in tokenize.generate_tokens(handle.readline):
+            if token.type == tokenize.COMMENT:
+                row, column = token.start
+                lines[row - 1] = lines[row - 1][:column]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("script", sorted(STRATEGY))
+def test_each_script_holds_the_listing_in_order(script):
+    path = REPO / script
+    assert len(path.read_text().splitlines()) <= MAX_SCRIPT_LINES
+    code = _code(path)
+    code = code[code.index("def main("):]
+    position = 0
+    for step in STRATEGY[script] + STEPS:
+        found = code.find(step, position)
+        assert found >= 0, f"{script}: {step!r} missing, or out of the article's order"
+        position = found + len(step)
+
+
+def _counted(monkeypatch):
+    """Wrap get_data, Model.fit and Model.predict; {name: calls} as scripts make them."""
+    from pyimagesearch import data
+
+    calls = {"get_data": 0, "fit": 0, "predict": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(data, "get_data", counting("get_data", data.get_data))
+    monkeypatch.setattr(keras.Model, "fit", counting("fit", keras.Model.fit))
+    monkeypatch.setattr(keras.Model, "predict", counting("predict", keras.Model.predict))
+    return calls
+
+
+@pytest.mark.parametrize("script, flags", [
+    ("train_cpu.py", []), ("train_gpu.py", ["--rehearse", "2"]),
+    # the test session has 4 logical CPUs; `--rehearse 8` is the same code path
+    ("train_tpu.py", ["--rehearse", "4", "--batch-size", "64"])])
+def test_a_real_run_trains_on_get_data_with_fit_and_predicts(script, flags, tmp_path,
+                                                             monkeypatch):
+    calls = _counted(monkeypatch)
+    monkeypatch.setattr(sys, "argv", [script, *flags, "--epochs", "1", "--steps-per-epoch",
+                                      "2", "--data-source", "sample",
+                                      "--output-dir", str(tmp_path)])
+    runpy.run_path(str(REPO / script), run_name="__main__")  # as `python SCRIPT` runs it
+    assert calls["get_data"] >= 2 and calls["fit"] >= 1 and calls["predict"] >= 1, calls
+    assert len(list(tmp_path.glob("*.png"))) == 1
+
+
+def test_the_package_top_level_is_the_articles_plus_three():
+    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert ARTICLE_MODULES <= top
+    assert len(top - ARTICLE_MODULES) <= MAX_MORE_MODULES, sorted(top - ARTICLE_MODULES)
+
+
+def test_get_data_opens_data_py():
+    source = (PACKAGE / "data.py").read_text()
+    definition = re.search(r"^def get_data\(", source, flags=re.MULTILINE)
+    assert definition and source[:definition.start()].count("\n") < 120
+
+
+def _imports(path):
+    """The pyimagesearch modules `path` imports, as dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                "pyimagesearch"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names
+                         if alias.name.startswith("pyimagesearch"))
+    return found
+
+
+TOP_ABOVE_THE_SUBPACKAGES = ("pyimagesearch.data", "pyimagesearch.cli",
+                             "pyimagesearch.strategies", "pyimagesearch.outputs")
+
+
+@pytest.mark.parametrize("subpackage", ["datasets", "training"])
+def test_no_import_runs_back_up(subpackage):
+    for path in (PACKAGE / subpackage).glob("*.py"):
+        imported = _imports(path)
+        upward = [name for name in imported if any(
+            name == top or name.startswith(top + ".") for top in TOP_ABOVE_THE_SUBPACKAGES)]
+        assert upward == [], f"{path.name} imports {upward}"
+        if subpackage == "training":
+            assert not any(name.startswith("pyimagesearch.datasets") for name in imported), \
+                path.name
