@@ -10,6 +10,7 @@
   line on stderr and an exit status a scheduler understands (errors.py).
 """
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -229,22 +230,72 @@ def plan(device, args, strategy):
     from pyimagesearch.training.cluster import check_workers_agree
     from pyimagesearch.training.plan import check_levers, plan_run
     from pyimagesearch.training.precision import set_precision
+    from pyimagesearch.training.workarounds import preemption_handler_acts
 
     settings = Settings.from_args(args)
     run = plan_run(device, settings, strategy.num_replicas_in_sync,
                    rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster)
     check_levers(run, strategy)
+    node = tpu_node(strategy)
+    if node:
+        check_tpu_node_paths(settings, node)
     print(run.describe())
     source = resolve_source(settings.data_source, config.DATA_NAME,
                             resolve_data_dir(settings.data_dir))
+    if node and getattr(source, "prepared_locally", False):
+        raise UserError(f"a TPU Node ({node}) reads its data itself, and cannot read "
+                        f"{source.data_name} prepared on this machine ({source.reason}); "
+                        "give --data-dir gs://... (tfds or TFRecords), or use "
+                        "--data-source sample")
     print(f"[INFO] data source: {source.label} ({source.reason})")
     run = run.with_data(source, strategy)
     if run.validation_note():
         print(run.validation_note())
     if args.cluster:
+        # a decision that makes a collective (the handler's variable): taken
+        # once here, where each worker asks Google Cloud's metadata server
+        # (TensorFlow gives it 5 s), and agreed by all, or one slow answer hangs them
+        run = dataclasses.replace(run, preemption_handler=preemption_handler_acts())
         check_workers_agree(args.cluster, run.agreed_facts())
     set_precision(settings.precision)
     return run
+
+
+def tpu_node(strategy):
+    """The grpc:// address of a TPU Node that `strategy` trains on; None for anything else.
+
+    On a TPU VM (Colab's and Kaggle's TPUs, a Cloud TPU VM) the TPU is this
+    machine's, and its resolver has no address. A TPU Node (`--tpu NAME` or
+    a grpc:// address) is another machine: once connected, TensorFlow runs
+    every op there by default (connect_to_cluster's make_master_device_default),
+    so its file reads and writes (datasets, checkpoints, summaries) happen on
+    the TPU's host, which cannot see this machine's disk.
+    """
+    import tensorflow as tf
+
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver):
+        return None
+    master = resolver.master()
+    return master if master.startswith("grpc://") else None
+
+
+def check_tpu_node_paths(settings, node):
+    """Refuse, in one line, the local folders that a TPU Node's own ops would read or write."""
+    def local(path):
+        return "://" not in path
+
+    folders = []
+    if settings.backup_dir and local(settings.backup_dir):
+        folders.append(f"--backup-dir {settings.backup_dir}")
+    if (settings.logdir or settings.profile_steps) and local(settings.logdir or "logs"):
+        folders.append(f"--logdir {settings.logdir or 'logs'}")
+    if settings.data_source == "tfrecord" and settings.data_dir and local(settings.data_dir):
+        folders.append(f"--data-dir {settings.data_dir}")
+    if folders:
+        raise UserError(f"a TPU Node ({node}) reads and writes through its own host, which "
+                        f"cannot see this machine's disk: {', '.join(folders)} must be in a "
+                        "bucket (gs://...); a TPU VM has no such limit")
 
 
 def callbacks(plan):

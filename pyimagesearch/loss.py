@@ -14,10 +14,13 @@ compiled loss by N itself, so the article's `MSELoss(scale=1)` was right
 there. Keras 3 still divides its own losses (`"mse"`) but leaves a callable
 that already returns a scalar, like this one, alone (checked with Keras
 3.15, see tests/test_loss_scaling.py): under Keras 3 it must be
-`MSELoss(scale=strategy.num_replicas_in_sync)`, or the gradients are N
-times too large. With SGD every update is then N times too large; Adam
-divides each gradient by its own running size, so it nearly cancels the
-factor and the losses look much the same either way.
+`MSELoss(scale=strategy.num_replicas_in_sync)`. Otherwise the gradients
+are N times too large (SGD steps N times too far; Adam, which divides each
+step by the gradient's running size, nearly cancels the factor), and the loss
+Keras prints is N times the error too: Keras multiplies the loss it logs
+by N, to undo the division it expects to have made (tools/check_listings.py
+measures 2.000 on 2 replicas, 8.000 on 8). With scale=N it prints the mean
+squared error itself.
 """
 import keras
 import tensorflow as tf

@@ -66,21 +66,46 @@ def in_process(capfd, monkeypatch):
     return run
 
 
+class _RunsFolder(type(pathlib.Path())):
+    """A folder that also carries what the runs in it called (`calls`)."""
+
+
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory):
     """A folder of three tiny real runs: cpu, gpu_rehearsal (2 devices), tpu_rehearsal (2).
 
     Their records, models and figures, made once for every test that reads
-    run records (compare.py's); copy what a test changes.
+    run records (compare.py's); copy what a test changes. Each script runs
+    as `python SCRIPT` runs it (runpy), with get_data, Model.fit and
+    Model.predict wrapped before it starts: `tiny_runs.calls[script]` counts
+    what it called (tests/test_listing.py).
     """
-    import train_cpu
-    import train_gpu
-    import train_tpu
+    import runpy
 
-    folder = tmp_path_factory.mktemp("tiny_runs")
+    import keras
+
+    from pyimagesearch import data
+
+    folder = _RunsFolder(tmp_path_factory.mktemp("tiny_runs"))
+    folder.calls = {}
     tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample",
             "--output-dir", str(folder)]
-    train_cpu.main(tiny + ["--batch-size", "32"])
-    train_gpu.main(tiny + ["--batch-size", "32", "--rehearse", "2"])
-    train_tpu.main(tiny + ["--batch-size", "64", "--rehearse", "2"])
+    runs = {"train_cpu.py": ["--batch-size", "32"],
+            "train_gpu.py": ["--batch-size", "32", "--rehearse", "2"],
+            "train_tpu.py": ["--batch-size", "64", "--rehearse", "2"]}
+    for script, flags in runs.items():
+        calls = folder.calls[script] = {"get_data": 0, "fit": 0, "predict": 0}
+
+        def counting(name, function, calls=calls):
+            def wrapper(*args, **kwargs):
+                calls[name] += 1
+                return function(*args, **kwargs)
+            return wrapper
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(data, "get_data", counting("get_data", data.get_data))
+            patch.setattr(keras.Model, "fit", counting("fit", keras.Model.fit))
+            patch.setattr(keras.Model, "predict", counting("predict", keras.Model.predict))
+            patch.setattr(sys, "argv", [script, *tiny, *flags])
+            runpy.run_path(str(REPO / script), run_name="__main__")
     return folder

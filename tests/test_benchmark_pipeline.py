@@ -64,3 +64,25 @@ def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path):
     for name in ("article-style", "efficient_pipeline", "train_cpu.py"):
         traces = list((tmp_path / "profile" / name).rglob("*.xplane.pb"))
         assert traces, name
+
+
+def test_the_floor_benchmark_writes_the_epoch_to_floor_ratio(tmp_path):
+    out = tmp_path / "floor.json"
+    benchmark_pipeline.main(["--floor", "--steps", "3", "--trials", "2", "--json", str(out)])
+    figures = json.loads(out.read_text())
+    assert set(figures["seconds"]) == {"train_cpu.py epoch", "floor"}
+    assert figures["validation_images"] == 500 and figures["trials"] == 2  # the sample's
+    for epoch, low, ratio in zip(figures["seconds"]["train_cpu.py epoch"],
+                                 figures["seconds"]["floor"], figures["epoch_to_floor"]):
+        assert epoch > 0 and low > 0 and ratio == pytest.approx(epoch / low)
+    assert figures["median_epoch_to_floor"] == pytest.approx(
+        statistics.median(figures["epoch_to_floor"]))
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--floor", "--input-only"], "--floor goes alone"),
+    (["--steps", "3"], "--data-dir is needed, except with --floor")])
+def test_floor_and_data_dir_flags_are_checked(flags, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        benchmark_pipeline.main(flags)
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err

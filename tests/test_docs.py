@@ -128,6 +128,7 @@ MATMUL_TPU = "benchmarks/matmul_tpu_rehearsal.json"
 LEVERS = "benchmarks/levers_cpu.json"
 PIPE_IN = "benchmarks/pipeline_input.json"
 PIPE_TRAIN = "benchmarks/pipeline_training.json"
+FLOOR = "benchmarks/floor_cpu.json"
 TFR = "tfrecord_training/{}/cpu.json"
 MW = "multi_worker/gpu_rehearsal.json"
 RESUMED = "resume/cpu.json"
@@ -182,8 +183,10 @@ def _matmul_row(label, record):
 
 
 def _lever_row(label, setup):
-    return Quote("docs/hardware-and-benchmarks.md", label + " | {trials} | {median} | {ratio}x |", {
+    return Quote("docs/hardware-and-benchmarks.md",
+                 label + " | {trials} | {low} | {median} | {ratio}x |", {
         "trials": _each(LEVERS, ("seconds", setup), "{:.2f}"),
+        "low": Computed(LEVERS, lambda r: min(r["seconds"][setup]), "{:.2f}"),
         "median": Figure(LEVERS, ("median_seconds", setup), "{:.2f}"),
         "ratio": Figure(LEVERS, ("speedup_over_float32", setup), "{:.2f}")})
 
@@ -246,6 +249,21 @@ def _listing_quotes(record):
                   "legacy": _listing(record, "MSELoss_scale_1_update_on_2_replicas_tf_keras",
                                      r"is ([\d.]+) times")}),
         Quote("README.md", "offline | {line} |", {"line": _listing(record, "tfds_load_try_gcs")}),
+        Quote("README.md", "prints {two} times the true mean squared error on 2 replicas and "
+              "{eight} times on 8", {
+                  "two": _listing(record, "MSELoss_printed_loss_on_2_replicas",
+                                  r"scale=1\) is ([\d.]+) times"),
+                  "eight": _listing(record, "MSELoss_printed_loss_on_8_replicas",
+                                    r"scale=1\) is ([\d.]+) times")}),
+        Quote("README.md", "`MSELoss(scale=N)` prints it {true} times", {
+            "true": _listing(record, "MSELoss_printed_loss_on_8_replicas",
+                             r"prints ([\d.]+) times the true")}),
+        Quote("docs/distributed-training.md", "with `tf_keras` the article's `scale=1` printed "
+              "{legacy} times `scale=2`'s, which was {half} times the true error", {
+                  "legacy": _listing(record, "MSELoss_printed_loss_on_2_replicas_tf_keras",
+                                     r"scale=1\) is ([\d.]+) times"),
+                  "half": _listing(record, "MSELoss_printed_loss_on_2_replicas_tf_keras",
+                                   r"prints ([\d.]+) times the true")}),
         Quote("docs/distributed-training.md", "moves the weights {legacy} times as far as on "
               "one device under `tf_keras` with `TF_USE_LEGACY_KERAS=1`, and {keras3} times "
               "under Keras 3", {
@@ -263,7 +281,9 @@ LISTING_EXITS = {"matmul_cpu": 0, "matmul_gpu": 0, "matmul_tpu": 1,
                  "autoencoder": 0, "loss_reduction_none": 0, "keras3_reduction": 1,
                  "fit_with_MSELoss_scale_1_on_2_replicas": 0, "inference": 0,
                  "MSELoss_scale_1_update_on_2_replicas": 0,
-                 "MSELoss_scale_1_update_on_2_replicas_tf_keras": 0, "tfds_load_try_gcs": None}
+                 "MSELoss_scale_1_update_on_2_replicas_tf_keras": 0,
+                 "MSELoss_printed_loss_on_2_replicas": 0, "MSELoss_printed_loss_on_8_replicas": 0,
+                 "MSELoss_printed_loss_on_2_replicas_tf_keras": 0, "tfds_load_try_gcs": None}
 
 
 def test_the_listings_did_what_the_readme_says_on_both_versions():
@@ -296,6 +316,22 @@ QUOTES += [
     _lever_row("| float32 (the article's)", "float32"),
     _lever_row("| `--precision mixed_bfloat16`", "mixed_bfloat16"),
     _lever_row("| `--jit-compile` (XLA)", "xla"),
+    Quote("docs/hardware-and-benchmarks.md",
+          "one-CPU strategy, and the validation pass over the sample's {val} images) against "
+          "its floor", {"val": Figure(FLOOR, ("validation_images",), "{:,}")}),
+    Quote("docs/hardware-and-benchmarks.md",
+          "(its pipeline, {spe} steps per execution,", {
+              "spe": Figure(FLOOR, ("steps_per_execution",))}),
+    Quote("docs/hardware-and-benchmarks.md",
+          "Medians of {n} trials: epoch {epoch} s, floor {low} s; the ratio of each trial's "
+          "epoch to its floor has a median of {ratio}x", {
+              "n": Figure(FLOOR, ("trials",)),
+              "epoch": Figure(FLOOR, ("median_seconds", "train_cpu.py epoch"), "{:.2f}"),
+              "low": Figure(FLOOR, ("median_seconds", "floor"), "{:.2f}"),
+              "ratio": Figure(FLOOR, ("median_epoch_to_floor",), "{:.2f}")}),
+    Quote("docs/hardware-and-benchmarks.md", "spread from {lowest}x to {highest}x", {
+        "lowest": Computed(FLOOR, lambda r: min(r["epoch_to_floor"]), "{:.2f}"),
+        "highest": Computed(FLOOR, lambda r: max(r["epoch_to_floor"]), "{:.2f}")}),
     # docs/data-and-tfrecords.md
     _pipeline_row("| article-style: `tfds.load`, per-image `map`, shuffle, batch", "article_style"),
     _pipeline_row("| TFRecords (`--data-source tfrecord`)", "tfrecord"),

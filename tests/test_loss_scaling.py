@@ -80,3 +80,34 @@ def test_custom_loop_equals_fit(images, single_device, replicas):
     _, update = one_step(strategy, MSELoss(scale=replicas), images, loop="custom")
     for step, reference in zip(update, single_device[1]):
         np.testing.assert_allclose(step, reference, rtol=1e-4, atol=1e-7)
+
+
+def test_under_the_tpu_first_reduction_the_record_still_holds_the_global_mean(monkeypatch):
+    # Keras 3 reduces a TPU's step outputs with "first": the progress bar
+    # shows core 0's running loss. Forced here on a 2-device rehearsal, where
+    # replica 0's half of the batch has a loss of 0 and replica 1's of 16:
+    # the batch logs say 0, the epoch's history and evaluate say 8, the mean
+    from keras.src.backend.tensorflow import trainer
+
+    reduce = trainer.reduce_per_replica
+
+    def first(values, strategy, reduction):
+        return reduce(values, strategy, "first" if reduction == "auto" else reduction)
+
+    monkeypatch.setattr(trainer, "reduce_per_replica", first)
+    strategy = rehearsal_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(
+            1, kernel_initializer="zeros", bias_initializer="zeros")])
+        model.compile(loss=MSELoss(scale=2), optimizer=keras.optimizers.SGD(0.0))
+    x = np.ones((4, 1), "float32")
+    y = np.array([[0.0], [0.0], [4.0], [4.0]], "float32")  # replica 0: 0, 0; replica 1: 4, 4
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    batch_losses = []
+    seen = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_losses.append(float(logs["loss"])))
+    history = model.fit(data.repeat(), epochs=1, steps_per_epoch=1, validation_data=data,
+                        callbacks=[seen], verbose=0).history
+    assert batch_losses == [0.0]  # core 0's alone: what a TPU's progress bar shows
+    assert history["loss"] == [8.0] and history["val_loss"] == [8.0]  # what the record keeps
+    assert model.evaluate(data, verbose=0) == 8.0

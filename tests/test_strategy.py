@@ -299,7 +299,7 @@ def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
     assert "does nothing on Google Cloud CPU VMs" in capsys.readouterr().out
 
 
-def test_every_strategy_gets_plain_device_buffers(monkeypatch):
+def test_cpu_strategies_get_plain_device_buffers(monkeypatch):
     rehearsal = strategy.rehearsal(2)
     ops = _device_buffer_hook()
     patched = ops._create_device_dataset
@@ -347,3 +347,130 @@ def test_several_gpu_machines_all_reduce_with_nccl(monkeypatch):
     assert made["options"].implementation == nccl
     # a rehearsal on CPUs keeps TensorFlow's default
     assert strategy.collective_communication(rehearse=1).name == "AUTO"
+
+
+class _Built(Exception):
+    """Raised by a fake strategy's constructor: the set-up got that far."""
+
+
+class _FakeGpus:
+    """MirroredStrategy over two GPUs, as far as the scripts look before training."""
+
+    num_replicas_in_sync = 2
+
+    def __init__(self, *args, **kwargs):
+        self.extended = type("Extended", (), {"worker_devices": ("/gpu:0", "/gpu:1")})()
+
+
+def _two_gpus(monkeypatch, strategy_class):
+    """TensorFlow sees two GPUs; MirroredStrategy() is `strategy_class`."""
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [
+        "GPU:0", "GPU:1"] if kind == "GPU" else real(kind))
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", strategy_class)
+
+
+@pytest.fixture
+def unhooked(monkeypatch):
+    """TensorFlow's own per-device dataset function, as a process starts with it."""
+    ops = _device_buffer_hook()
+    original = getattr(ops._create_device_dataset, "_original", ops._create_device_dataset)
+    monkeypatch.setattr(ops, "_create_device_dataset", original)
+    return ops
+
+
+def test_real_gpu_and_tpu_strategies_get_no_private_hook(unhooked, monkeypatch, no_tpu_env,
+                                                         tmp_path):
+    import train_gpu
+
+    original, mirrored = unhooked._create_device_dataset, tf.distribute.MirroredStrategy
+
+    def refuse(*args, **kwargs):
+        raise _Built()
+
+    _two_gpus(monkeypatch, refuse)
+    with pytest.raises(_Built):
+        train_gpu.main(["--output-dir", str(tmp_path)])
+    assert unhooked._create_device_dataset is original
+    _fake_resolver(monkeypatch, lambda tpu: None)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: None)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", refuse)
+    with pytest.raises(_Built):
+        _tpu_set_up("local", tmp_path)
+    assert unhooked._create_device_dataset is original
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", mirrored)
+    strategy.rehearsal(2)  # a rehearsal, on the CPU, does get it
+    assert getattr(unhooked._create_device_dataset, "_pyimagesearch", False)
+
+
+def test_xla_with_fit_on_several_gpus_is_refused_and_the_custom_loop_is_not(monkeypatch,
+                                                                           tmp_path):
+    import train_gpu
+
+    _two_gpus(monkeypatch, _FakeGpus)
+    with pytest.raises(UserError, match=r"^--jit-compile with fit cannot train on 2 "
+                                        r"replicas: .*add --loop custom"):
+        train_gpu.main(["--jit-compile", "--output-dir", str(tmp_path)])
+    # the custom loop compiles each GPU's step on its own: past the levers'
+    # check, the fake strategy's missing parts are what stops it
+    with pytest.raises(AttributeError):
+        train_gpu.main(["--jit-compile", "--loop", "custom", "--data-source", "sample",
+                        "--output-dir", str(tmp_path)])
+
+
+class _TpuNode:
+    """TPUStrategy on a TPU Node, as far as cli.plan looks: 8 cores behind a grpc:// address."""
+
+    num_replicas_in_sync = 8
+
+    def __init__(self, address="grpc://10.0.0.2:8470"):
+        self.cluster_resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--backup-dir", "backup"], "--backup-dir backup"),
+    (["--logdir", "logs"], "--logdir logs"),
+    (["--profile-steps", "1,2"], "--logdir logs"),
+    (["--data-source", "tfrecord", "--data-dir", "records"], "--data-dir records")])
+def test_a_tpu_node_refuses_local_folders_its_host_cannot_see(flags, named, tmp_path,
+                                                              monkeypatch):
+    from pyimagesearch import cli
+
+    monkeypatch.chdir(tmp_path)
+    if "--data-source" not in flags:
+        flags = flags + ["--data-source", "sample"]
+    args = cli.parse_args("tpu", "", flags)
+    with pytest.raises(UserError, match=rf"^a TPU Node \(grpc://10\.0\.0\.2:8470\) reads and "
+                                        rf"writes through its own host.*{named} must be in a "
+                                        r"bucket \(gs://\.\.\.\)"):
+        cli.plan("tpu", args, _TpuNode())
+
+
+def test_a_tpu_node_takes_buckets_and_the_sample_and_a_tpu_vm_takes_anything(tmp_path,
+                                                                            monkeypatch):
+    from pyimagesearch import cli
+
+    monkeypatch.chdir(tmp_path)
+    node = cli.tpu_node(_TpuNode())
+    assert node == "grpc://10.0.0.2:8470"
+    buckets = cli.parse_args("tpu", "", ["--backup-dir", "ram://b/backup", "--logdir",
+                                         "ram://b/logs", "--data-source", "sample"])
+    from pyimagesearch.training.plan import Settings
+
+    cli.check_tpu_node_paths(Settings.from_args(buckets), node)  # no complaint
+    assert cli.tpu_node(_TpuNode("local")) is None  # a TPU VM: its own disk
+    assert cli.tpu_node(strategy.rehearsal(2)) is None
+
+
+def test_a_tpu_node_refuses_mnist_prepared_on_this_machine(tmp_path, monkeypatch):
+    from pyimagesearch import cli
+    from pyimagesearch.datasets import sources
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sources, "tfds_prepared", lambda name, data_dir: True)
+    monkeypatch.setattr(sources, "is_stand_in", lambda name, data_dir: False)
+    args = cli.parse_args("tpu", "", ["--data-dir", str(tmp_path / "tfds")])
+    with pytest.raises(UserError, match=r"cannot read mnist prepared on this machine .*"
+                                        r"--data-dir gs://"):
+        cli.plan("tpu", args, _TpuNode())

@@ -134,7 +134,9 @@ def test_tfds_source_offline_gives_one_line_within_the_probe(in_process, tmp_pat
     assert not (tmp_path / "cpu.png").exists()
 
 
-@pytest.mark.parametrize("steps, expected", [(468, 13), (58, 2), (1, 1), (64, 16), (7, 7)])
+@pytest.mark.parametrize("steps, expected", [
+    (468, 13), (234, 13), (117, 13), (58, 29), (29, 29), (1, 1), (64, 16), (7, 7),
+    (59, 59), (1_000_000, 16), (999_983, 1)])  # a prime: no divisor near 16
 def test_steps_per_execution_divides_the_epoch(steps, expected):
     from pyimagesearch.training.plan import steps_per_execution
 

@@ -4,6 +4,7 @@
     python tools/benchmark_pipeline.py --data-dir /tmp/tfds
     python tools/benchmark_pipeline.py --data-dir /tmp/tfds --steps 50 --trials 1   # a quick look
     python tools/benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
+    python tools/benchmark_pipeline.py --floor --trials 5 --json floor.json   # the sample
 
 Training mode (the default): the pipelines read the same prepared tfds MNIST
 and feed the same model, loss, optimizer and batch (128) on the CPU, in this
@@ -25,6 +26,11 @@ train function (``steps_per_execution``). Each trial trains two epochs of
 468 steps (``--steps``) and keeps the second (the first includes tracing).
 Speed-ups are article-style seconds over each set-up's, medians over the
 trials; `--json` writes all the figures.
+
+Floor mode (``--floor``): train_cpu.py's epoch as the script runs it (its
+pipeline, steps per execution, one-CPU strategy and validation pass) against
+its floor, the same steps on one batch already in memory with no
+validation, taking turns in this one process; the figure is their ratio.
 
 Input-only mode (``--input-only``): no model, the input pipelines alone,
 drained batch by batch inside a compiled function as a training step would
@@ -92,8 +98,11 @@ PROFILED_STEPS = 26  # steps of the second epoch traced with --profile-dir (2 x 
 
 
 def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
-               precision="float32", jit_compile=False, strategy=None):
+               precision="float32", jit_compile=False, strategy=None, validation_data=None):
     """Seconds of the second of two training epochs on `dataset`.
+
+    With `validation_data` the epoch includes a pass over it, as a training
+    script's epoch does; without, it is the training steps alone.
 
     With `profile_dir`, a profiler trace of about PROFILED_STEPS steps early
     in the second epoch goes there (Keras counts them in executions).
@@ -127,10 +136,69 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
         model.compile(loss=MSELoss(scale=strategy.num_replicas_in_sync), optimizer=optimizer,
                       steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
-                  shuffle=False, verbose=0)
+                  validation_data=validation_data, shuffle=False, verbose=0)
     set_precision("float32")
     keras.backend.clear_session()
-    return timer.train_seconds[1]
+    return (timer.epoch_seconds if validation_data is not None else timer.train_seconds)[1]
+
+
+def floor(args, source, command):
+    """train_cpu.py's epoch against its floor, taking turns in this process; the figures.
+
+    The epoch is the script's: its pipeline, steps per execution, strategy
+    (one CPU) and a validation pass. The floor is the same model, steps and
+    steps per execution on one batch already in memory, repeated: no input
+    pipeline to speak of, no validation. Their ratio is what the data and
+    the validation cost on top of what the kernels allow.
+    """
+    import tensorflow as tf
+
+    from pyimagesearch.outputs import machine_info
+    from pyimagesearch.training.plan import steps_per_execution
+
+    steps, batch = args.steps, config.BATCH_SIZE
+    spe = steps_per_execution(steps)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # train_cpu.py's
+    validation = source.size(config.VALIDATION_FLAG)
+    one_batch = next(iter(efficient_pipeline(source, batch)))
+    setups = {
+        "train_cpu.py epoch": lambda: time_epoch(
+            efficient_pipeline(source, batch), steps, spe, strategy=strategy,
+            validation_data=get_validation(source, batch)),
+        "floor": lambda: time_epoch(tf.data.Dataset.from_tensors(one_batch).repeat(), steps,
+                                    spe, strategy=strategy),
+    }
+    seconds = {name: [] for name in setups}
+    for trial in range(args.trials):
+        for name, timed in setups.items():
+            seconds[name].append(timed())
+            print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch",
+                  flush=True)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    ratios = [epoch / low for epoch, low in zip(seconds["train_cpu.py epoch"],
+                                                  seconds["floor"])]
+    print(f"\nepoch of {steps} steps x {batch} images ({spe} per execution), validation "
+          f"over {validation:,} images; median of {args.trials} trials")
+    for name, value in medians.items():
+        print(f"  {name:18s} {value:6.2f} s")
+    print(f"  epoch / floor      {statistics.median(ratios):6.2f}x (median of the trials' "
+          "ratios)")
+    return {"seconds": seconds, "median_seconds": medians,
+            "min_seconds": {name: min(values) for name, values in seconds.items()},
+            "epoch_to_floor": ratios, "median_epoch_to_floor": statistics.median(ratios),
+            "steps": steps, "steps_per_execution": spe, "batch_size": batch,
+            "validation_images": validation, "trials": args.trials, "data": source.reason,
+            "command": command, "machine": machine_info(),
+            "load_average_1min": os.getloadavg()[0],
+            "tensorflow_version": tf.__version__}
+
+
+def get_validation(source, batch_size):
+    """train_cpu.py's validation batches: one pass over the split, in order."""
+    from pyimagesearch.data import get_data
+
+    return get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=batch_size,
+                    source=source)
 
 
 def images_per_second(dataset, steps, epochs, batch_size):
@@ -233,8 +301,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True,
-                        help="tfds data dir with MNIST prepared")
+    parser.add_argument("--data-dir", default=None,
+                        help="tfds data dir with MNIST prepared (with --floor: default, "
+                             "the 5,000-digit sample, as train_cpu.py offline)")
     parser.add_argument("--trials", type=cli.positive_int, default=None,
                         help="trials per pipeline (default 2, with --input-only 3)")
     parser.add_argument("--steps", type=cli.positive_int, default=FULL_EPOCH_STEPS,
@@ -254,8 +323,15 @@ def main(argv=None):
                         help="training benchmark only: a profiler trace of "
                              f"{PROFILED_STEPS} steps of each set-up's first trial into "
                              "DIR/<set-up>; `tensorboard --logdir DIR`, Profile tab")
+    parser.add_argument("--floor", action="store_true",
+                        help="train_cpu.py's epoch (with validation) against the same "
+                             "steps on one batch in memory, without validation")
     parser.add_argument("--json", default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
+    if args.floor and (args.input_only or args.profile_dir):
+        parser.error("--floor goes alone, without --input-only or --profile-dir")
+    if args.data_dir is None and not args.floor:
+        parser.error("--data-dir is needed, except with --floor")
     if not args.input_only and (args.epochs or args.tfrecord_dir):
         parser.error("--epochs and --tfrecord-dir go with --input-only")
     if args.input_only and args.profile_dir:
@@ -273,11 +349,15 @@ def main(argv=None):
     from pyimagesearch.training.plan import steps_per_execution
 
     strategies.cpu_only()  # quiet device discovery; the benchmark runs on the CPU
-    source = sources.resolve_source("tfds", config.DATA_NAME,
-                                    sources.resolve_data_dir(args.data_dir))
+    if args.data_dir is None:
+        source = sources.SampleSource("the 5,000-digit sample, as train_cpu.py offline")
+    else:
+        source = sources.resolve_source("tfds", config.DATA_NAME,
+                                        sources.resolve_data_dir(args.data_dir))
     print(f"[INFO] data: {source.reason}")
-    if args.input_only:
-        figures = input_only(args, source, ["tools/benchmark_pipeline.py", *argv])
+    if args.floor or args.input_only:
+        mode = floor if args.floor else input_only
+        figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(figures, handle, indent=2)

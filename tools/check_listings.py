@@ -6,9 +6,10 @@
 
 Each listing is the article's code (set-up, the three matmul timings, the
 TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
-inference lines, tfds.load with try_gcs; and one SGD step with MSELoss(scale=1)
-on 2 replicas against 1 device, under Keras 3 and under tf_keras with
-TF_USE_LEGACY_KERAS=1) run by the Python that runs this
+inference lines, tfds.load with try_gcs; one SGD step with MSELoss(scale=1)
+on 2 replicas against 1 device, and the loss fit prints with MSELoss(scale=1)
+against MSELoss(scale=N) on 2 and 8 replicas, under Keras 3 and under
+tf_keras with TF_USE_LEGACY_KERAS=1) run by the Python that runs this
 script, so the record says which TensorFlow and Keras it was. For each: the
 exit status, the last line printed (the error, if any) and the seconds taken.
 The README's listings table quotes these records.
@@ -146,6 +147,37 @@ two = update(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
 print(f"tf.keras from {tf.keras.Model.__module__.split('.')[0]}: the update on 2 replicas is "
       f"{two / one:.3f} times the update on 1 device")
 '''
+# what fit prints as `loss` and `val_loss` with the article's MSELoss(scale=1) on N
+# replicas, against MSELoss(scale=N) (this repository's): the same weights and
+# data, no update (learning rate 0), so the two differ by what Keras prints alone
+PRINTED_LOSS = LOSS + '''
+import numpy as np
+import tensorflow as tf
+REPLICAS = %d
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+x = np.random.default_rng(1).random((8 * REPLICAS, 4)).astype("float32")
+y = x.sum(1, keepdims=True)
+
+def printed(scale):
+    with strategy.scope():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.build((None, 4))
+        model.compile(loss=MSELoss(scale=scale), optimizer=tf.keras.optimizers.SGD(0.0))
+    history = model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False,
+                        validation_data=(x, y)).history
+    true = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+    return history["loss"][0], history["val_loss"][0], true
+
+one, val_one, true = printed(1)
+scaled, val_scaled, _ = printed(REPLICAS)
+print(f"tf.keras from {tf.keras.Model.__module__.split('.')[0]}: on {REPLICAS} replicas the "
+      f"printed loss of MSELoss(scale=1) is {one / scaled:.3f} times that of "
+      f"MSELoss(scale={REPLICAS}) (val_loss {val_one / val_scaled:.3f} times); "
+      f"scale={REPLICAS} prints {scaled / true:.3f} times the true mean squared error")
+'''
 LISTINGS = {
     "matmul_cpu": MATMUL % ".2f",
     "matmul_gpu": MATMUL % ".6f",
@@ -171,6 +203,9 @@ LISTINGS = {
     "inference": AUTOENCODER + LOSS + TRAIN_AND_INFER % INFERENCE,
     "MSELoss_scale_1_update_on_2_replicas": UPDATE_RATIO,
     "MSELoss_scale_1_update_on_2_replicas_tf_keras": UPDATE_RATIO,
+    "MSELoss_printed_loss_on_2_replicas": PRINTED_LOSS % 2,
+    "MSELoss_printed_loss_on_8_replicas": PRINTED_LOSS % 8,
+    "MSELoss_printed_loss_on_2_replicas_tf_keras": PRINTED_LOSS % 2,
     "tfds_load_try_gcs":
         "import tensorflow_datasets as tfds\n"
         "ds = tfds.load('mnist', split='train', try_gcs=True, as_supervised=True,\n"
@@ -178,7 +213,8 @@ LISTINGS = {
 }
 TIMEOUT_SECONDS = {"tfds_load_try_gcs": 30}  # offline it does not fail by itself
 # tf.keras 2 instead of Keras 3: the tf_keras package, switched on by this variable
-LEGACY_KERAS = {"MSELoss_scale_1_update_on_2_replicas_tf_keras"}
+LEGACY_KERAS = {"MSELoss_scale_1_update_on_2_replicas_tf_keras",
+                "MSELoss_printed_loss_on_2_replicas_tf_keras"}
 DEFAULT_TIMEOUT = 300
 
 

@@ -97,9 +97,12 @@ class TfdsSource(Source):
 
     name = "tfds"
 
-    def __init__(self, reason, data_dir=None, stand_in=False, data_name=config.DATA_NAME):
+    def __init__(self, reason, data_dir=None, stand_in=False, data_name=config.DATA_NAME,
+                 prepared=False):
         super().__init__(reason)
         self.data_dir, self.stand_in, self.data_name = data_dir, stand_in, data_name
+        # read from files of this machine (not tfds' bucket, not gs://)
+        self.prepared_locally = prepared and "://" not in (data_dir or "")
 
     @property
     def label(self):
@@ -220,9 +223,9 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
             return TfdsSource(f"{data_name} in {where} is a stand-in made by "
                               "tools/prepare_mnist.py --stand-in (the sample tiled to "
                               "60,000 images): for timing, not for quality", data_dir,
-                              stand_in=True, data_name=data_name)
+                              stand_in=True, data_name=data_name, prepared=True)
         return TfdsSource(f"{data_name} is prepared in {where}", data_dir,
-                          data_name=data_name)
+                          data_name=data_name, prepared=True)
     if network_reachable():
         return TfdsSource(f"{data_name} is not prepared in {where}; "
                           "the network answers, so tfds downloads it", data_dir,

@@ -70,6 +70,7 @@ class Backup(keras.callbacks.Callback):
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
         self.is_chief, self.workers = plan.is_chief, plan.workers
+        self.handler_acts = plan.preemption_handler  # agreed by every worker
         self.run = identity(plan)
         self.history = {"loss": [], "val_loss": []}
         self.start_step = 0  # global steps trained before this run
@@ -190,7 +191,7 @@ class Backup(keras.callbacks.Callback):
         self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
         self._handler = self._handler_scratch and preemption.cluster_handler(
             tf.distribute.get_strategy(), self._handler_scratch, self._save,
-            self._stop_cluster_preempted)
+            self._stop_cluster_preempted, acts=self.handler_acts)
         preemption.saving(True)
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -7,8 +7,9 @@ in plain sight:
   **global** batch with `tf.nn.compute_average_loss(..., global_batch_size=...)`,
   so that the replicas' gradients, which the optimizer sums, add up to the
   gradient of the mean over the whole global batch;
-- `strategy.run` runs one step on every replica, `strategy.reduce` adds the
-  replicas' losses back up for the log.
+- `strategy.run` runs one step on every replica; each replica adds up its
+  share of the loss, and the replicas' sums are added up once per call, for
+  the log.
 
 The objective is `loss.per_image_mse`, the one `MSELoss` averages for
 `fit`. Selected with `--loop custom` on every training script; tests check
@@ -55,6 +56,14 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             # lazily inside strategy.run where new variables are not allowed
             optimizer.build(model.trainable_variables)
 
+    with strategy.scope():
+        # each replica adds up its own shares of the steps' global means; a
+        # read in cross-replica context sums the replicas: one all-reduce
+        # per call, as Keras' loss tracker does, not one per step
+        loss_sum = tf.Variable(0.0, trainable=False, name="custom_loop_loss_sum",
+                               synchronization=tf.VariableSynchronization.ON_READ,
+                               aggregation=tf.VariableAggregation.SUM)
+
     @tf.function(jit_compile=jit_compile)
     def train_step(images, targets):
         with tf.GradientTape() as tape:
@@ -66,16 +75,14 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             scaled = optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
+        loss_sum.assign_add(loss)  # this replica's share of the step's mean
 
     @tf.function
     def train_steps(iterator, count):
-        total = tf.constant(0.0)
+        loss_sum.assign(0.0)
         for _ in tf.range(count):
-            per_replica = strategy.run(train_step, args=next(iterator))
-            # each replica holds its share of the global mean: add them up
-            total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        return total
+            strategy.run(train_step, args=next(iterator))
+        return loss_sum.read_value()
 
     def val_step(images, targets):
         errors = per_image_mse(targets, model(images, training=False))

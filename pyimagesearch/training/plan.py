@@ -75,6 +75,8 @@ class RunPlan:
     strategy: object = None
     source: object = None
     validation: Validation | None = None
+    # in a cluster: whether TensorFlow's PreemptionCheckpointHandler acts here
+    preemption_handler: bool | None = None
 
     @property
     def verbose(self):
@@ -149,7 +151,11 @@ class RunPlan:
                 "epochs": settings.epochs, "seed": settings.seed,
                 "optimizer": settings.optimizer, "learning rate": self.learning_rate,
                 "precision": settings.precision, "XLA": settings.jit_compile,
-                "loop": self.loop}
+                "loop": self.loop,
+                "TensorFlow's preemption handler": (
+                    None if self.preemption_handler is None else
+                    "acts" if self.preemption_handler else
+                    "does nothing (Google Cloud CPU or TPU VM)")}
 
     def optimizer(self):
         """A fresh Keras optimizer of the flags; create it inside the strategy's scope.
@@ -207,8 +213,12 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
         settings, device, name=f"{stem}_rehearsal" if rehearsal else stem,
         rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
         steps_per_epoch=steps,
-        # a TPU runs the whole epoch per call: every call is a blocking round trip
-        steps_per_execution=steps if device == "tpu" else steps_per_execution(steps),
+        # a TPU runs the whole epoch per call: every call is a blocking round trip;
+        # the custom loop runs a shorter last call where the epoch needs one
+        steps_per_execution=(steps if device == "tpu" else
+                             min(config.STEPS_PER_EXECUTION, steps)
+                             if (cluster or settings.loop == "custom") else
+                             steps_per_execution(steps)),
         fixed_validation=device == "tpu",
         learning_rate=scaled_learning_rate(settings.learning_rate, settings.lr_scaling,
                                            global_batch),
@@ -230,18 +240,32 @@ def usable_images(count, replicas):
 
 
 def check_levers(plan, strategy):
-    """Refuse --jit-compile where it cannot work."""
+    """Refuse --jit-compile where it cannot work, with one line that says what does.
+
+    Keras' fit compiles `strategy.run` itself with XLA (its `one_step_on_data`
+    is a `tf.function(jit_compile=True)` around it), so on several replicas
+    it asks for one XLA program across all their devices, which fails:
+    "Trying to access resource ... located in device GPU:1 from device
+    GPU:0" (keras-team/keras#19005; Keras' own "auto" turns XLA off under any
+    tf.distribute strategy for that reason). The custom loop compiles each
+    replica's step on its own device instead (TensorFlow's mirrored_run), so
+    on real GPUs it can. Logical CPU devices are one XLA device: a rehearsal
+    on several of them fails either way (seen here with both loops).
+    """
     if not plan.settings.jit_compile:
         return
     if plan.device == "tpu" and not plan.rehearsal:
         raise UserError("--jit-compile is for CPUs and GPUs: a TPU compiles every step "
                         "with XLA anyway")
-    if plan.rehearsal and strategy.extended.worker_devices[1:]:
-        # XLA compiles the step for CPU:0 and then cannot reach the variables
-        # of the other logical CPUs ("Trying to access resource ... located
-        # in device CPU:1 from device CPU:0"); real GPUs each compile their own
+    local = len(strategy.extended.worker_devices)
+    if plan.rehearsal and local > 1:
         raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
                         "in one process; use --rehearse 1, or leave out --jit-compile")
+    if plan.loop == "fit" and plan.replicas > 1:
+        raise UserError(f"--jit-compile with fit cannot train on {plan.replicas} replicas: "
+                        "Keras compiles the step of every GPU into one XLA program, which "
+                        "fails; add --loop custom, which compiles each GPU's step on its own, "
+                        "or leave out --jit-compile")
 
 
 def figure_path(device):
@@ -253,12 +277,20 @@ def figure_path(device):
 
 
 def steps_per_execution(steps, limit=config.STEPS_PER_EXECUTION):
-    """The largest divisor of `steps` up to `limit`.
+    """Steps per call into fit's compiled function: a divisor of `steps`, near `limit`.
 
-    Keras runs whole executions, so one that does not divide the epoch would
-    train extra steps (58 steps at 8 per execution train 64).
+    Keras runs whole executions, so one that does not divide the epoch
+    would train extra steps (58 steps at 8 per execution train 64). The
+    largest divisor up to `limit`, unless that is under half of it: then the
+    smallest divisor from `limit` to 4 x `limit`, if there is one (58 steps,
+    8 GPUs: 29 rather than 2 round trips from Python per epoch). Never more:
+    the callbacks (backups, SIGTERM, the progress line) act between calls.
     """
-    return max(n for n in range(1, min(limit, steps) + 1) if steps % n == 0)
+    below = max(n for n in range(1, min(limit, steps) + 1) if steps % n == 0)
+    if 2 * below >= limit or below == steps:
+        return below
+    above = [n for n in range(limit, min(4 * limit, steps) + 1) if steps % n == 0]
+    return above[0] if above else below
 
 
 def scaled_learning_rate(learning_rate, scaling, global_batch_size,

@@ -63,7 +63,7 @@ def _no_total_run_calls_warning(record):
     return "total_run_calls" not in record.getMessage()
 
 
-def cluster_handler(strategy, folder, save, stop):
+def cluster_handler(strategy, folder, save, stop, acts=None):
     """TensorFlow's PreemptionCheckpointHandler for a worker of a cluster; None elsewhere.
 
     Every worker calls its save_checkpoint_if_preempted() after each call
@@ -78,12 +78,18 @@ def cluster_handler(strategy, folder, save, stop):
     a folder other than the one it saves to): its checkpoint lives in
     `folder`, a scratch folder of this process, and is never saved, so every
     worker counts from 0.
+
+    `acts` is whether the handler acts here (workarounds.preemption_handler_acts,
+    which asks Google Cloud's metadata server). The handler makes a variable,
+    a collective under MultiWorkerMirroredStrategy, so every worker must take
+    the same decision: cli.plan makes it once per worker, before training,
+    and checks that all agree; None asks here.
     """
     resolver = getattr(strategy, "cluster_resolver", None)
     if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
             or resolver is None or not resolver.cluster_spec().jobs):
         return None
-    if not preemption_handler_acts():
+    if not (preemption_handler_acts() if acts is None else acts):
         print("[INFO] TensorFlow's preemption handler does nothing on Google Cloud CPU VMs: "
               "a worker that gets SIGTERM saves and stops alone, and the restarted cluster "
               "resumes from the chief's last backup", flush=True)

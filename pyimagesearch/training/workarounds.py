@@ -2,8 +2,8 @@
 
 1. `native_stderr_quiet`: TensorFlow's native start-up lines off the
    terminal, without losing them.
-2. `plain_device_buffers`: no autotuning on the strategies' per-device input
-   buffers (rehearsal epochs stalled for minutes).
+2. `plain_device_buffers`: no autotuning on the per-device input buffers
+   of CPU strategies (rehearsal epochs stalled for minutes).
 3. `local_cpu_devices`: several logical CPU devices per worker under
    MultiWorkerMirroredStrategy, for rehearsals.
 4. `bound_cluster_start`: a limit on how long MultiWorkerMirroredStrategy
@@ -172,6 +172,11 @@ def plain_device_buffers():
     optimized"). The hook is private TensorFlow API: where it is missing
     nothing is changed, and a warning says so once, since rehearsals may
     then stall again.
+
+    Only for the CPU (strategies.cpu_only: train_cpu.py and every
+    rehearsal), where both were seen. A real GPU or TPU gets no hook: it
+    has never run there, and on a TPU the buffers sit on devices whose
+    dataset kernels were not checked.
     """
     import tensorflow as tf  # here: the quiet block above must not need TensorFlow
 
@@ -193,6 +198,7 @@ def plain_device_buffers():
         return original(*args, **kwargs).with_options(options)
 
     create_device_dataset._pyimagesearch = True
+    create_device_dataset._original = original  # what a test puts back
     ops._create_device_dataset = create_device_dataset
 
 
