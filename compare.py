@@ -19,6 +19,7 @@ named and skipped.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -48,7 +49,13 @@ ARTICLE_LOGS = {  # name: (replicas, global batch, steps, seconds, ms/step, loss
 
 
 def load_records(folder):
-    """{stem: record} for every run record in `folder`; complaints go to stderr."""
+    """{stem: record} for every run record in `folder`; complaints go to stderr.
+
+    A record is used only when every field Table 1 reads is there and of its
+    kind, and every number in it is finite; otherwise it is skipped with one
+    line that names the file and the field. A person may have edited it, or
+    another version of the scripts written it.
+    """
     records = {}
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".json") or name.startswith("."):
@@ -57,41 +64,54 @@ def load_records(folder):
         try:
             with open(path) as handle:
                 record = json.load(handle)
-        except (OSError, ValueError) as error:
-            print(f"skipping {path}: not readable JSON ({error})", file=sys.stderr)
+        except (OSError, ValueError, RecursionError) as error:
+            what = "nested too deeply" if isinstance(error, RecursionError) else error
+            print(f"skipping {path}: not readable JSON ({what})", file=sys.stderr)
             continue
         missing = [key for key in REQUIRED if not isinstance(record, dict) or key not in record]
         if missing:
             print(f"skipping {path}: not a run record (no {', '.join(missing)})",
                   file=sys.stderr)
             continue
-        if not _well_typed(record):
-            print(f"skipping {path}: a run record with values of the wrong type",
-                  file=sys.stderr)
-            continue
-        if not record["epoch_seconds"]:
-            print(f"skipping {path}: the run record has no epochs", file=sys.stderr)
+        problem = record_problem(record)
+        if problem:
+            print(f"skipping {path}: {problem}", file=sys.stderr)
             continue
         records[name[:-len(".json")]] = record
     return records
 
 
-def _well_typed(record):
-    """Whether the fields Table 1 reads hold numbers and lists of numbers."""
-    def numbers(values):
-        return isinstance(values, list) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-    def whole(value):
-        return isinstance(value, int) and not isinstance(value, bool)
 
-    return (all(numbers(record.get(key)) for key in ("epoch_seconds", "loss", "val_loss"))
-            and numbers(record.get("train_seconds", []) or [])
-            and all(whole(record.get(key)) for key in ("replicas", "global_batch_size",
-                                                        "steps_per_epoch"))
-            and whole(record.get("workers", 1))
-            and isinstance(record.get("learning_rate", 0.0), (int, float))
-            and all(isinstance(record.get(key), str) for key in ("device", "data_source")))
+def record_problem(record):
+    """What keeps `record` out of Table 1, naming the field; None when every field serves."""
+    wrong = "a run record with values of the wrong type"
+    for key in ("device", "data_source"):
+        if not isinstance(record[key], str):
+            return f"{wrong} ({key} is {record[key]!r}, not a name)"
+    for key in ("replicas", "global_batch_size", "steps_per_epoch", "workers"):
+        value = record.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{wrong} ({key} is {value!r}, not a whole number from 1)"
+    for key in ("epoch_seconds", "train_seconds", "loss", "val_loss"):
+        values = record.get(key) or []
+        if not isinstance(values, list) or not all(_number(v) for v in values):
+            return f"{wrong} ({key} must be a list of numbers)"
+        if not all(math.isfinite(v) for v in values):
+            return f"a run record with numbers that are not finite ({key}: {values})"
+        if key.endswith("seconds") and not all(v > 0 for v in values):
+            return f"a run record with seconds that are not above 0 ({key}: {values})"
+    for key in ("epoch_seconds", "loss", "val_loss"):
+        if not record[key]:
+            return f"the run record has no epochs ({key} is empty)"
+    rate = record.get("learning_rate", 1.0)
+    if rate is not None and not (_number(rate) and math.isfinite(rate)):
+        return f"{wrong} (learning_rate is {rate!r}, not a finite number)"
+    if not isinstance(record.get("machine", {}), dict):
+        return f"{wrong} (machine is {record['machine']!r}, not an object)"
+    return None
 
 
 def later_mean(values):
@@ -198,7 +218,19 @@ def comparison_figure(runs, source):
                                            "--digits-from sample")) from error
     digits = figure_digits(resolved.images(config.VALIDATION_FLAG))
 
-    columns = 1 + len(models)
+    predicted = {}
+    for name, model in models.items():
+        try:
+            found = np.asarray(model(digits, training=False))
+        except Exception as error:  # a model of something else: named, not fatal
+            found = error
+        if isinstance(found, Exception) or found.shape != digits.shape:
+            why = found if isinstance(found, Exception) else f"gives {found.shape}"
+            print(f"skipping {runs[name][0]}/{runs[name][1]}.keras in the figure: not a "
+                  f"model of the digits (for {digits.shape} it {why})", file=sys.stderr)
+        else:
+            predicted[name] = found
+    columns = 1 + len(predicted)
     figure = Figure(figsize=(1.9 * columns + 5, 1.5 * len(digits) + 1.5), layout="constrained")
     grid = figure.add_gridspec(len(digits), columns + 3)
     for row, digit in enumerate(digits):
@@ -207,8 +239,7 @@ def comparison_figure(runs, source):
         axis.set_axis_off()
         if row == 0:
             axis.set_title("input", fontsize=LABEL_POINTS)
-    for column, (name, model) in enumerate(models.items(), start=1):
-        predictions = np.asarray(model(digits, training=False))
+    for column, (name, predictions) in enumerate(predicted.items(), start=1):
         for row, prediction in enumerate(predictions):
             axis = figure.add_subplot(grid[row, column])
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)

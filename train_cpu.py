@@ -23,10 +23,10 @@ def main(argv=None):
     # fix the random seed (Python's, NumPy's and TensorFlow's) for reproducibility
     tf.keras.utils.set_random_seed(args.seed)
 
-    # the article's CPU run needs no strategy; this one only pins the work
-    # to the CPU, even where a GPU is visible, so the code below is the same
+    # the article's CPU run needs no strategy: TensorFlow's default one, with
+    # any GPU hidden so that the work stays on the CPU; the code below is the same
     strategies.cpu_only()
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = tf.distribute.get_strategy()
 
     # get the number of accelerators: one, the CPU
     numAcc = strategy.num_replicas_in_sync

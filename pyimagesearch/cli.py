@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import re
 import sys
 
 from pyimagesearch import config
@@ -35,10 +36,24 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# what a person types: ASCII digits, a sign, a point, an exponent (int() and
+# float() also take "1_0" and other scripts' digits, such as "٣")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|nan)",
+                      re.IGNORECASE)
+
+
+def _parse(kind, text):
+    """int(text) or float(text), for text written the usual way only; ValueError else."""
+    if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text.strip()):
+        raise ValueError(text)
+    return kind(text)
+
+
 def _number(kind, minimum, text):
     """Parse `text` as `kind` and require it to be >= `minimum`."""
     try:
-        value = kind(text)
+        value = _parse(kind, text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
@@ -80,7 +95,7 @@ def step_range(text):
     """'A,B': the first and last training step (counted from 1) to profile."""
     first, comma, last = text.partition(",")
     try:
-        first, last = int(first), int(last)
+        first, last = _parse(int, first), _parse(int, last)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected two steps A,B, got {text!r}")
     if not comma or not 1 <= first <= last:
@@ -91,7 +106,7 @@ def step_range(text):
 def positive_float(text):
     """A finite float > 0."""
     try:
-        value = float(text)
+        value = _parse(float, text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
     if not 0.0 < value < float("inf"):  # also rejects nan
@@ -344,10 +359,44 @@ def check_run_flags(settings, is_chief=True):
         if getattr(settings, flag) == "":
             raise UserError(f"--{flag.replace('_', '-')} is empty; give a folder, "
                             "or leave the flag out")
+    check_folders(settings)
     if is_chief:
         for folder in (settings.output_dir, settings.backup_dir, settings.logdir):
             if folder:
                 check_output_dir(folder)
+        from pyimagesearch.training.publish import recover
+
+        recover(settings.output_dir)  # what a run killed while it wrote its outputs left
+
+
+def check_folders(settings):
+    """Refuse folder flags whose files the run would delete, compared as the file system sees them.
+
+    The backup folder is deleted when the run ends: outputs, logs or data
+    inside it would go with it. Local folders are compared by their real
+    paths, so a symbolic link (an --output-dir that is a link into the
+    backup, a --backup-dir that is a link to the output folder) is seen.
+    """
+    backup = settings.backup_dir
+    if not backup:
+        return
+    logdir = settings.logdir or ("logs" if settings.profile_steps else None)
+    for flag, folder in (("--output-dir", settings.output_dir), ("--logdir", logdir),
+                         ("--data-dir", settings.data_dir)):
+        if folder and _within(folder, backup):
+            linked = "" if _within(os.path.abspath(folder), os.path.abspath(backup), False) \
+                else " (through a symbolic link)"
+            raise UserError(f"{flag} {folder} is inside --backup-dir {backup}{linked}, which "
+                            "is deleted when the run ends; give them separate folders")
+
+
+def _within(path, folder, real=True):
+    """Whether `path` is `folder` or inside it: real paths for local ones, URLs as written."""
+    if "://" not in path and "://" not in folder:
+        resolve = os.path.realpath if real else os.path.abspath
+        path, folder = resolve(path), resolve(folder)
+    path, folder = path.rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(folder + "/")
 
 
 def check_output_dir(path):
@@ -377,7 +426,36 @@ def check_output_dir(path):
                         f"{first_line(error)}{hint}") from error
 
 
-_process = {"cluster": None}  # what parse_args found, for run_main
+_process = {"cluster": None, "dropped": None}  # parse_args' cluster; a signal Python dropped
+
+
+def _disk_full(error):
+    """The one line for a write that found its disk full (a log, a file of TensorFlow's); else None.
+
+    The backup, the outputs and their scratch copies say so in lines of their
+    own; this catches the rest, such as TensorBoard's event files, naming
+    the file TensorFlow could not write.
+    """
+    import errno
+
+    message = str(getattr(error, "message", error))
+    full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+        "No space left on device" in message
+    if not full:
+        return None
+    where = re.search(r"(?:[a-z]+://|/)[^\s;:{}]+", re.sub(r"\{\{[^}]*\}\}", "", message))
+    name = getattr(error, "filename", None) or (where[0] if where else "a folder it writes")
+    return UserError(f"no space left on the device of {name}; free some space there, or give "
+                     f"another folder; {_on_disk()}")
+
+
+def _on_disk():
+    """What a run that stops now leaves: its new outputs, if it got as far, or the old ones."""
+    from pyimagesearch.training.publish import published
+
+    if published:
+        return f"its new outputs were all written to {', '.join(published)}"
+    return "earlier outputs are untouched"
 
 
 def run_main(main, argv=None):
@@ -385,21 +463,20 @@ def run_main(main, argv=None):
 
     Bad input exits 2; a lost peer 138 and a preemption 143, which schedulers
     restart (see errors.py); Ctrl-C 130. In a cluster, the error a
-    collective raises when a peer dies becomes a PeerLost line too.
+    collective raises when a peer dies becomes a PeerLost line too; a full
+    disk is one line too. Every line says what the run leaves on disk.
     """
     from pyimagesearch.training import preemption
-    from pyimagesearch.training.cluster import peer_lost
 
     preemption.watch()
+    default_hook = sys.unraisablehook
+    sys.unraisablehook = _kept_for_later(default_hook)
     try:
-        try:
-            main(argv)
-        except Exception as error:
-            lost = peer_lost(_process["cluster"], error)
-            if lost is None:
-                raise
-            raise lost from error
+        _run(main, argv)
     except UserError as error:
+        if str(error) == preemption.STOPPED:
+            error = Preempted(f"{preemption.STOPPED}; {_on_disk()} (with --backup-dir the "
+                              "run saves its state first and resumes after)")
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
         if isinstance(error, (PeerLost, Preempted)):
@@ -411,7 +488,48 @@ def run_main(main, argv=None):
     except NothingToDo as reason:
         print(f"[INFO] {reason}")
     except KeyboardInterrupt:
-        print("interrupted; earlier outputs are untouched", file=sys.stderr)
+        print(f"interrupted; {_on_disk()}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)  # TensorFlow's shutdown could wait on workers still starting
+    finally:
+        sys.unraisablehook = default_hook
+
+
+def _run(main, argv):
+    """main(argv), with the errors that stop a run made UserErrors or raised again."""
+    from pyimagesearch.training import preemption
+    from pyimagesearch.training.cluster import peer_lost
+
+    from pyimagesearch.training.publish import published
+
+    _process["dropped"] = None
+    published.clear()  # this run's, not an earlier one's in this interpreter
+    try:
+        main(argv)
+    except UserError:
+        raise
+    except Exception as error:
+        stopped = peer_lost(_process["cluster"], error) or _disk_full(error)
+        if stopped is None:
+            raise
+        raise stopped from error
+    if isinstance(_process["dropped"], KeyboardInterrupt):
+        raise KeyboardInterrupt  # a Ctrl-C whose exception Python dropped
+    if preemption.terminated():  # a SIGTERM whose exception Python dropped
+        raise Preempted(preemption.STOPPED)
+
+
+def _kept_for_later(default_hook):
+    """An unraisable-exception hook that keeps a signal's exception for after main().
+
+    A signal's exception raised inside a finalizer (a weakref callback, a
+    __del__) is one Python prints and drops; the run must still stop for it.
+    """
+    def hook(info):
+        if isinstance(info.exc_value, (KeyboardInterrupt, Preempted)):
+            _process["dropped"] = info.exc_value
+        else:
+            default_hook(info)
+
+    return hook

@@ -60,7 +60,14 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
         # every worker builds its replicas' slices of the same global batches
         return plan.strategy.distribute_datasets_from_function(
             lambda context: plan.source.dataset(split, reading, context))
-    return plan.source.dataset(split, reading)
+    dataset = plan.source.dataset(split, reading)
+    if getattr(plan.strategy.extended, "num_hosts", 1) > 1:
+        return dataset  # a TPU slice of several hosts: the strategy splits it between them
+    # one host: nothing to split, and the rewrite that would try only warns
+    # that it drops the TFRecord pipeline's batch count
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
 
 
 def figure_digits(images, replicas=1, count=config.NUM_FIGURE_DIGITS):

@@ -3,11 +3,10 @@
 The scripts draw the figure; `RunOutputs` stages it with the run record
 (`run_record`) and the model in a local scratch folder (Matplotlib and Keras
 write local files), then copies them next to their destination under
-temporary names and renames them over the old ones, all through
-`tf.io.gfile`, so the destination may be a local folder or a bucket
-(`gs://...`, or `ram://` in tests). Nothing is renamed until every file is
-written and copied: the old files are renamed aside first and put back if
-any step fails.
+temporary names and renames them over the old ones (training/publish.py),
+all through `tf.io.gfile`, so the destination may be a local folder or a
+bucket (`gs://...`, or `ram://` in tests). The folder holds the old set or the
+new set at every moment, whatever stops the run: an error, a signal, a kill.
 """
 import os
 import platform
@@ -21,6 +20,9 @@ from pyimagesearch import config
 from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.training.errors import UserError, first_line
 from pyimagesearch.training.files import join, scratch_folder, write_json
+from pyimagesearch.training.publish import publish
+
+_WRITE_FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
 
 
 class StagedOutputs:
@@ -48,51 +50,20 @@ class StagedOutputs:
         try:
             if kind is None:
                 self._publish()
+            elif kind is UserError or issubclass(kind, _WRITE_FAILURES):
+                # Matplotlib or Keras could not write the scratch copy: a full
+                # TMPDIR, say; the one line names where
+                raise UserError(f"cannot write the outputs in the scratch folder "
+                                f"{self._scratch} ({first_line(value)}); free some space "
+                                "there or set TMPDIR to another folder; earlier outputs "
+                                "are untouched") from value
         finally:
             shutil.rmtree(self._scratch, ignore_errors=True)
         return False
 
     def _publish(self):
-        """Copy every staged file beside its destination, then swap them all in.
-
-        The old outputs are first renamed aside; if any step fails, what was
-        moved is put back, so the folder holds the old set or the new set,
-        never a mix of the two.
-        """
-        pid = os.getpid()
-        moves = [(join(self.folder, f".{name}.{pid}.tmp"), join(self.folder, name),
-                  join(self.folder, f".{name}.{pid}.old")) for name in self._names]
-        for _, final, _ in moves:
-            if tf.io.gfile.isdir(final):
-                raise UserError(f"cannot write {final}: a folder has that name; move it "
-                                "away (earlier outputs are untouched)")
-        aside, placed = [], []
-        try:
-            for name, (temporary, _, _) in zip(self._names, moves):
-                tf.io.gfile.copy(os.path.join(self._scratch, name), temporary,
-                                 overwrite=True)
-            for _, final, old in moves:
-                if tf.io.gfile.exists(final):
-                    tf.io.gfile.rename(final, old, overwrite=True)
-                    aside.append((old, final))
-            for temporary, final, _ in moves:
-                tf.io.gfile.rename(temporary, final, overwrite=True)
-                placed.append(final)
-        except (OSError, tf.errors.OpError) as error:
-            for final in placed:
-                tf.io.gfile.remove(final)
-            for old, final in aside:
-                tf.io.gfile.rename(old, final, overwrite=True)
-            aside = []
-            raise UserError(f"cannot replace the outputs in {self.folder} "
-                            f"({first_line(error)}); earlier outputs are untouched") from error
-        finally:
-            # nothing temporary stays behind, whether a copy or a rename failed
-            for temporary, _, _ in moves:
-                if tf.io.gfile.exists(temporary):
-                    tf.io.gfile.remove(temporary)
-            for old, _ in aside:
-                tf.io.gfile.remove(old)
+        """Swap the staged files in: the folder then holds the new set, or the old one."""
+        publish(self.folder, {name: os.path.join(self._scratch, name) for name in self._names})
 
 
 class RunOutputs:
@@ -117,7 +88,11 @@ class RunOutputs:
         self._scratch = None if plan.is_chief else scratch_folder("worker")
         self.folder = self._scratch or plan.settings.output_dir
         self._staged = StagedOutputs(self.folder).__enter__()
-        write_json(self.path("json"), self.record)
+        try:
+            write_json(self.path("json"), self.record)
+        except BaseException:
+            self._staged.__exit__(*sys.exc_info())  # one line naming the scratch folder
+            raise
         return self
 
     def path(self, suffix):
@@ -158,7 +133,8 @@ def run_record(plan, run, trained):
         "name": plan.name,
         "rehearsal": plan.rehearsal,
         # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy
-        "strategy": "MultiWorkerMirroredStrategy" if multi_worker else type(strategy).__name__,
+        "strategy": "MultiWorkerMirroredStrategy" if multi_worker else type(
+            strategy).__name__.lstrip("_"),  # the default strategy's is _Default...
         "workers": plan.workers,
         # how the workers' all-reduces travel (several machines only)
         "communication": (collective_communication(plan.rehearsal).name

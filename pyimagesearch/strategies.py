@@ -1,7 +1,7 @@
 """What stands behind the scripts' strategy calls: devices checked, failures in one line.
 
 The scripts build their strategy in plain view (`tf.distribute.TPUStrategy`,
-`MirroredStrategy`, `OneDeviceStrategy`); this module holds what those calls
+`MirroredStrategy`, TensorFlow's default one); this module holds what those calls
 need around them, and the strategies that stand in for hardware:
 
 - `cpu_only`: the CPU and nothing else, for train_cpu.py and rehearsals;
@@ -186,6 +186,11 @@ def _find_tpu(resolver, tpu):
     must answer at the address it finds: TensorFlow would wait for one for
     ever, deaf to SIGTERM and Ctrl-C.
     """
+    if tpu and tpu.startswith("grpc://["):
+        # TPUClusterResolver splits the address at its first colon
+        # (grpc://[::1]:8470 becomes grpc://[:), so it would dial nothing
+        raise UserError(f"TensorFlow's TPUClusterResolver cannot take the IPv6 address {tpu}; "
+                        "give the TPU's name or its IPv4 address, or " + _REHEARSE_TPU)
     outcome = {}
 
     def look_up():
@@ -319,7 +324,7 @@ def for_device(device, rehearse=None, tpu=None):
         return rehearsal(rehearse)
     if device == "cpu":
         cpu_only()
-        return tf.distribute.OneDeviceStrategy("/cpu:0")
+        return tf.distribute.get_strategy()  # train_cpu.py's: TensorFlow's default
     if device == "gpu":
         check_gpus()
         return tf.distribute.MirroredStrategy()

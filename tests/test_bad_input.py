@@ -3,6 +3,9 @@
 Each case must end in one clear line (a UserError, which the scripts print
 as one line with exit status 2) and leave earlier outputs and backups alone.
 """
+import json
+import os
+
 import pytest
 
 import train_cpu
@@ -261,26 +264,33 @@ def test_a_broken_prepared_dataset_is_one_line(tmp_path):
         sources.tfds_prepared("mnist", str(tmp_path))
 
 
+def _preempted_mid_epoch_2(tmp_path, monkeypatch, epochs, steps):
+    """Train `epochs` of `steps` (two executions each) with a backup, stopped by SIGTERM
+    after the first execution of epoch 2 (a stand-in for the signal); the run's flags."""
+    from pyimagesearch.training import preemption
+
+    args = ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--batch-size", "32",
+            "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
+            "--output-dir", str(tmp_path / "out")]
+    asked = []
+
+    def sigterm_at_the_third_question():
+        asked.append(1)
+        return len(asked) == 3  # after execution 1, epoch 1's end, then execution 3
+
+    with monkeypatch.context() as patch:
+        patch.setattr(preemption, "requested", sigterm_at_the_third_question)
+        with pytest.raises(Preempted, match=f"after {steps + steps // 2} steps"):
+            train_cpu.main(args)
+    return args
+
+
 def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypatch):
     # fit trains the rest of a part-trained epoch in a call of its own: the
     # steps of both calls must reach the backup, or a later resume retrains
     import tensorflow as tf
 
-    from pyimagesearch.training import preemption
-
-    args = ["--epochs", "3", "--steps-per-epoch", "32", "--batch-size", "32",
-            "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
-            "--output-dir", str(tmp_path / "out")]  # 2 executions of 16 steps per epoch
-    asked = []
-
-    def sigterm_at_the_third_question():
-        asked.append(1)
-        return len(asked) == 3  # after step 16, epoch 1's end, then step 48
-
-    with monkeypatch.context() as patch:
-        patch.setattr(preemption, "requested", sigterm_at_the_third_question)
-        with pytest.raises(Preempted, match="after 48 steps"):
-            train_cpu.main(args)
+    args = _preempted_mid_epoch_2(tmp_path, monkeypatch, epochs=3, steps=32)
 
     def no_disk(*args, **kwargs):
         raise OSError("disk full")
@@ -290,3 +300,457 @@ def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypat
         train_cpu.main(args)  # the rest of epoch 2, then epoch 3; the backup stays
     latest = tf.train.latest_checkpoint(str(tmp_path / "backup" / "checkpoints"))
     assert tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE") == 3 * 32
+
+
+# --- issue 22: nothing lost at the moment of writing ---------------------------------
+
+class _Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs, no handler, no undo."""
+
+
+NAMES = ("cpu.png", "cpu.json", "cpu.keras")
+
+
+def _earlier(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in NAMES:
+        (folder / name).write_text(f"earlier {name}")
+
+
+def _state(folder):
+    """'old' or 'new' if the folder holds that whole set and nothing else; what it holds if not."""
+    held = sorted(os.listdir(folder))
+    texts = {name: (folder / name).read_text() for name in NAMES if name in held}
+    if held == sorted(NAMES) and all(text == f"earlier {n}" for n, text in texts.items()):
+        return "old"
+    if held == sorted(NAMES) and all(text == f"new {n}" for n, text in texts.items()):
+        return "new"
+    return held, texts
+
+
+def _staged(tmp_path):
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for name in NAMES:
+        (staged / name).write_text(f"new {name}")
+    return {name: str(staged / name) for name in NAMES}
+
+
+def _gfile_calls(monkeypatch, at, action):
+    """Make the `at`-th tf.io.gfile copy, rename or remove call of publish do `action()` first."""
+    import tensorflow as tf
+
+    calls = []
+    for name in ("copy", "rename", "remove"):
+        real = getattr(tf.io.gfile, name)
+
+        def wrapper(*args, real=real, **kwargs):
+            calls.append(args[0])
+            if len(calls) == at:
+                action()
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tf.io.gfile, name, wrapper)
+    return calls
+
+
+# copies 3, journal 1, aside 3, in place 3, journal done 1, then removals: every step
+PUBLISH_STEPS = range(1, 15)
+
+
+@pytest.mark.parametrize("at", PUBLISH_STEPS)
+def test_a_kill_at_any_step_of_the_publish_leaves_what_the_next_run_makes_whole(
+        tmp_path, monkeypatch, capsys, at):
+    from pyimagesearch.training import publish
+
+    out = tmp_path / "out"
+    _earlier(out)
+    staged = _staged(tmp_path)
+
+    def kill():
+        raise _Killed()
+
+    with monkeypatch.context() as patch:
+        calls = _gfile_calls(patch, at, kill)
+        try:
+            publish.publish(str(out), staged)
+            killed = False
+        except _Killed:
+            killed = True
+    if not killed:
+        assert len(calls) < at and _state(out) == "new"  # it had ended before that step
+        return
+    monkeypatch.setattr(publish, "running", lambda pid: False)  # the killed process is gone
+    capsys.readouterr()
+    publish.recover(str(out))
+    state = _state(out)
+    assert state in ("old", "new"), state
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) <= 1 and all(line.startswith("[INFO]") for line in said), said
+    if said and "back in place" in said[0]:
+        assert state == "old"
+    if said and "all in place" in said[0]:
+        assert state == "new"
+
+
+@pytest.mark.parametrize("sig, stop", [("SIGINT", KeyboardInterrupt), ("SIGTERM", Preempted)])
+@pytest.mark.parametrize("at", PUBLISH_STEPS)
+def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, monkeypatch,
+                                                                   at, sig, stop):
+    import signal
+
+    from pyimagesearch.training import preemption, publish
+
+    out = tmp_path / "out"
+    _earlier(out)
+    staged = _staged(tmp_path)
+    monkeypatch.setattr(publish, "published", [])
+    with monkeypatch.context() as patch:
+        patch.setattr(preemption, "_terminated", __import__("threading").Event())
+        preemption.watch()
+        calls = _gfile_calls(patch, at, lambda: os.kill(os.getpid(), getattr(signal, sig)))
+        try:
+            publish.publish(str(out), staged)
+            stopped = False
+        except stop:
+            stopped = True
+    # a signal sent during the publish stops the run, but only once the swap is over
+    assert stopped == (len(calls) >= at), (at, calls)
+    assert _state(out) == "new", (at, calls)  # the swap ran to its end first
+    assert publish.published == [str(out)]
+
+
+# Runs train_cpu.py as `python train_cpu.py ARGS` would, with one thing done to it
+# first (argv[1]): "kill" SIGKILLs the process at the 3rd rename of its publish (the
+# journal written, one old file set aside), "term" sends it SIGTERM at the 2nd,
+# "late-term" sends SIGTERM from inside a finalizer once the outputs are written,
+# where Python prints the exception and drops it.
+SIGNAL_DRIVER = r"""
+import gc, os, signal, sys
+sys.path.insert(0, os.getcwd())
+mode, args = sys.argv[1], sys.argv[2:]
+sys.argv = ["train_cpu.py", *args]
+import tensorflow as tf
+import train_cpu
+from pyimagesearch import cli, outputs
+
+real_publish, real_rename = outputs.publish, tf.io.gfile.rename
+
+def publish(folder, staged):
+    calls = []
+
+    def rename(*a, **k):
+        calls.append(1)
+        if mode == "kill" and len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "term" and len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_rename(*a, **k)
+
+    tf.io.gfile.rename = rename
+    try:
+        real_publish(folder, staged)
+    finally:
+        tf.io.gfile.rename = real_rename
+    if mode == "late-term":
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))  # the handler runs here, inside the finalizer
+        Finalized()
+        gc.collect()
+
+outputs.publish = publish
+cli.run_main(train_cpu.main, args)
+"""
+
+QUICK = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32", "--data-source",
+         "sample"]
+
+
+def _driven(repo, mode, out):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", SIGNAL_DRIVER, mode, *QUICK, "--output-dir",
+                           str(out)], cwd=repo, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # the default run stops a publish at each of its steps in this process
+def test_a_run_killed_mid_swap_is_made_whole_by_the_next_run(repo, tmp_path, in_process):
+    import signal
+
+    out = tmp_path / "out"
+    _earlier(out)
+    killed = _driven(repo, "kill", out)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert _state(out) not in ("old", "new")  # caught mid-swap: one file set aside
+    again = in_process("train_cpu.py", *QUICK, "--output-dir", str(out))
+    assert again.returncode == 0, again.stderr
+    said = [line for line in again.stdout.splitlines() if "was stopped while" in line]
+    assert len(said) == 1 and "set aside are back in place" in said[0]
+    assert sorted(os.listdir(out)) == sorted(NAMES)  # its own new set, no leftovers
+    assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"
+
+
+# "term": the default run sends signals at every step of a publish in this process
+@pytest.mark.parametrize("mode", [pytest.param("term", marks=pytest.mark.slow), "late-term"])
+def test_sigterm_during_or_after_the_swap_says_the_new_outputs_are_written(repo, tmp_path,
+                                                                          mode):
+    out = tmp_path / "out"
+    _earlier(out)
+    done = _driven(repo, mode, out)
+    assert done.returncode == 143, done.stdout[-2000:] + done.stderr[-2000:]  # not swallowed
+    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "stopped by SIGTERM; its new outputs were all written to " \
+        f"{out}" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr.replace("Exception ignored", "")
+    assert sorted(os.listdir(out)) == sorted(NAMES)
+    assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"  # the new set
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """mount_disk(name, size): a tmpfs of `size` at tmp_path/name, unmounted after the test.
+
+    Needs the right to mount (root, as here and in CI); skipped without it.
+    """
+    import subprocess
+
+    mounted = []
+
+    def mount_disk(name, size):
+        folder = tmp_path / name
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(folder)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount_disk
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def _one_line(result):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_full_backup_disk_is_one_line_and_keeps_the_last_backup(tiny_disk, in_process,
+                                                                  tmp_path):
+    disk = tiny_disk("disk", "64k")  # room for one checkpoint of the model, not two
+    _earlier(tmp_path / "out")
+    line = _one_line(in_process("train_cpu.py", *QUICK[:-4], "--epochs", "2",
+                                "--steps-per-epoch", "3", "--batch-size", "32",
+                                "--data-source", "sample", "--backup-every", "1",
+                                "--backup-dir", str(disk / "backup"),
+                                "--output-dir", str(tmp_path / "out")))
+    assert f"cannot save the backup in {disk / 'backup'}" in line
+    assert "No space left on device" in line and "earlier outputs are untouched" in line
+    from pyimagesearch.training.backup import saved_checkpoint
+
+    step, _ = saved_checkpoint(str(disk / "backup"))
+    assert step >= 1 and f"it holds the backup of {step:,} steps" in line  # what is there
+    assert _state(tmp_path / "out") == "old"
+    assert not list((disk / "backup" / "checkpoints").glob("checkpoint.tmp*"))
+
+
+@pytest.mark.parametrize("flag, where", [("--output-dir", "cannot replace the outputs in"),
+                                         ("--logdir", "no space left on the device of")])
+def test_a_full_output_or_log_disk_is_one_line(tiny_disk, in_process, tmp_path, flag, where):
+    disk = tiny_disk("disk", "16k" if flag == "--output-dir" else "8k")  # 2 pages of logs
+    out = disk if flag == "--output-dir" else tmp_path / "out"
+    _earlier(out)
+    extra = ["--logdir", str(disk / "logs")] if flag == "--logdir" else []
+    line = _one_line(in_process("train_cpu.py", *QUICK, "--output-dir", str(out), *extra))
+    assert where in line and str(disk) in line and "earlier outputs are untouched" in line
+    assert _state(out) == "old"
+
+
+def test_a_full_scratch_folder_is_one_line(tiny_disk, in_process, tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tiny_disk("tmp", "16k")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    _earlier(tmp_path / "out")
+    line = _one_line(in_process("train_cpu.py", *QUICK, "--output-dir", str(tmp_path / "out")))
+    assert "cannot write the outputs in the scratch folder" in line and str(scratch) in line
+    assert "set TMPDIR" in line and _state(tmp_path / "out") == "old"
+    assert os.listdir(scratch) == []  # its scratch copy is gone too
+
+
+def _link(link, target):
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+    return link
+
+
+@pytest.mark.parametrize("case", ["output link into backup", "backup link to output",
+                                  "logdir link into backup", "logdir is backup",
+                                  "data-dir link into backup"])
+def test_folders_are_compared_as_the_file_system_sees_them(tmp_path, case):
+    backup, out = tmp_path / "backup", tmp_path / "out"
+    flags = {"--backup-dir": backup, "--output-dir": out}
+    if case == "output link into backup":
+        flags["--output-dir"] = _link(tmp_path / "out-link", backup / "out")
+        named = "--output-dir"
+    elif case == "backup link to output":
+        flags["--backup-dir"] = _link(tmp_path / "backup-link", out)
+        named = "--output-dir"
+    elif case == "logdir link into backup":
+        flags["--logdir"] = _link(tmp_path / "logs", backup / "logs")
+        named = "--logdir"
+    elif case == "logdir is backup":
+        flags["--logdir"] = backup
+        named = "--logdir"
+    else:
+        flags["--data-dir"] = _link(tmp_path / "records", backup / "records")
+        named = "--data-dir"
+    args = [item for pair in flags.items() for item in (pair[0], str(pair[1]))]
+    with pytest.raises(UserError, match=rf"^{named} .* is inside --backup-dir .*, which is "
+                                        "deleted when the run ends; give them separate"):
+        train_cpu.main(TINY + args)
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))  # nothing written
+
+
+GOOD_RECORD = {"device": "cpu", "replicas": 1, "global_batch_size": 32, "steps_per_epoch": 2,
+               "epoch_seconds": [1.0, 0.5], "train_seconds": [0.9, 0.4],
+               "loss": [0.1, 0.05], "val_loss": [0.1, 0.05], "data_source": "sample",
+               "learning_rate": 0.001, "machine": {"cpu_model": "x", "cpu_count": 2}}
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("train_seconds", [0.0, 0.4], "seconds that are not above 0 (train_seconds"),
+    ("epoch_seconds", [1.0, float("inf")], "not finite (epoch_seconds"),
+    ("loss", [float("nan"), 0.05], "not finite (loss"),
+    ("val_loss", [], "no epochs (val_loss is empty)"),
+    ("loss", [], "no epochs (loss is empty)"),
+    ("epoch_seconds", [], "no epochs (epoch_seconds is empty)"),
+    ("machine", "a laptop", "(machine is 'a laptop', not an object)"),
+    ("replicas", 0, "(replicas is 0, not a whole number from 1)"),
+    ("global_batch_size", True, "(global_batch_size is True, not a whole number"),
+    ("steps_per_epoch", 2.5, "(steps_per_epoch is 2.5"),
+    ("workers", -1, "(workers is -1"),
+    ("learning_rate", float("nan"), "(learning_rate is nan, not a finite number)"),
+    ("device", ["cpu"], "(device is ['cpu'], not a name)"),
+    ("loss", "0.1", "(loss must be a list of numbers)"),
+])
+def test_compare_skips_a_record_field_by_field_with_one_line(tmp_path, capsys, field, value,
+                                                             said):
+    import compare
+
+    (tmp_path / "good.json").write_text(json.dumps(GOOD_RECORD))
+    (tmp_path / "edited.json").write_text(json.dumps({**GOOD_RECORD, field: value}))
+    assert sorted(compare.load_records(str(tmp_path))) == ["good"]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "edited.json" in lines[0] and said in lines[0], lines
+
+
+def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys, tiny_runs):
+    import shutil
+
+    import compare
+    import keras
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for suffix in ("json", "keras"):
+        shutil.copy(tiny_runs / f"cpu.{suffix}", folder / f"cpu.{suffix}")
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / "other.json").write_text(json.dumps(GOOD_RECORD))
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    other.save(folder / "other.keras")
+    compare.main([str(folder)])
+    err = capsys.readouterr().err
+    assert "deep.json: not readable JSON (nested too deeply)" in err
+    assert "other.keras in the figure: not a model of the digits" in err
+    assert (folder / "comparison.png").exists() and "Traceback" not in err
+
+
+def test_a_shard_swapped_for_another_of_the_same_size_is_refused(tmp_path):
+    from pyimagesearch.datasets import sources, tfrecords
+
+    images, labels = sources.SampleSource().examples("test")
+    tfrecords.write_folder(str(tmp_path), {"train": (images[:40], labels[:40]),
+                                           "test": (images[:40], labels[:40])}, "mnist",
+                           origin="sample", origin_reason="a test", command=["test"], shards=4)
+    first, second = sorted(tmp_path.glob("test-*"))[:2]
+    assert first.stat().st_size == second.stat().st_size  # fixed-size records
+    first.write_bytes(second.read_bytes())  # the same size, count and shapes
+    with pytest.raises(UserError, match=rf"{first.name} is not the shard metadata.json lists "
+                                        r"\(its SHA-256 differs\)"):
+        sources.resolve_source("tfrecord", "mnist", str(tmp_path))
+
+
+def test_a_cluster_on_ipv6_loopback_waits_for_its_peer_like_one_on_ipv4():
+    import socket
+
+    from pyimagesearch.training.cluster import Cluster, read_tf_config, wait_for_peers
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    probes = [socket.create_server(("::1", 0), family=socket.AF_INET6) for _ in range(2)]
+    port, peer = (probe.getsockname()[1] for probe in probes)
+    for probe in probes:
+        probe.close()
+    config = {"cluster": {"worker": [f"[::1]:{port}", f"[::1]:{peer}"]},
+              "task": {"type": "worker", "index": 0}}
+    cluster = read_tf_config({"TF_CONFIG": json.dumps(config)})
+    assert isinstance(cluster, Cluster) and cluster.address == f"[::1]:{port}"
+    with socket.create_server(("::1", peer), family=socket.AF_INET6):
+        wait_for_peers(cluster, 2.0, poll_s=0.05)  # listens on [::1] itself, finds the peer
+
+
+def test_a_tpu_at_an_ipv6_address_is_one_line_that_names_it(tmp_path):
+    import train_tpu
+
+    with pytest.raises(UserError, match=r"^TensorFlow's TPUClusterResolver cannot take the "
+                                        r"IPv6 address grpc://\[::1\]:8470; give"):
+        train_tpu.main(["--tpu", "grpc://[::1]:8470", "--output-dir", str(tmp_path)])
+
+
+def test_a_second_run_on_a_backup_folder_in_use_is_refused_and_a_dead_ones_taken_over(
+        tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    backup = tmp_path / "backup"
+    args = TINY + ["--backup-dir", str(backup), "--output-dir", str(tmp_path / "out")]
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        backup.mkdir()
+        (backup / ".lock").write_text(json.dumps({"host": socket.gethostname(),
+                                                  "pid": other.pid}))
+        with pytest.raises(UserError, match=rf"is in use by the run of process {other.pid}"):
+            train_cpu.main(args)
+        assert not (backup / "run.json").exists()  # the folder is the other run's
+    finally:
+        other.kill()
+        other.wait()
+    train_cpu.main(args)  # that process is gone: its lock is taken over
+    assert (tmp_path / "out" / "cpu.json").exists() and not backup.exists()
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--epochs", "1_0"], "--epochs: expected an integer, got '1_0'"),
+    (["--seed", "\u0663"], "--seed: expected an integer, got '\u0663'"),
+    (["--learning-rate", "1_0"], "--learning-rate: expected a number, got '1_0'"),
+    (["--profile-steps", "1,\u0663"], "--profile-steps: expected two steps A,B"),
+    (["--batch-size", "\uff11"], "--batch-size: expected an integer")])  # a full-width 1
+def test_numbers_in_forms_no_one_types_are_refused(flags, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser("cpu", "").parse_args(flags)
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_a_backup_past_the_epochs_asked_for_says_what_it_holds(tmp_path, monkeypatch):
+    args = _preempted_mid_epoch_2(tmp_path, monkeypatch, epochs=2, steps=34)
+    args[1] = "1"  # now only 1 epoch: the backup is past it
+    with pytest.raises(UserError, match=r"has 51 steps done \(1 epoch and 17 steps\), more "
+                                        r"than the 34 of --epochs 1"):
+        train_cpu.main(args)

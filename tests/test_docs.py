@@ -317,8 +317,8 @@ QUOTES += [
     _lever_row("| `--precision mixed_bfloat16`", "mixed_bfloat16"),
     _lever_row("| `--jit-compile` (XLA)", "xla"),
     Quote("docs/hardware-and-benchmarks.md",
-          "one-CPU strategy, and the validation pass over the sample's {val} images) against "
-          "its floor", {"val": Figure(FLOOR, ("validation_images",), "{:,}")}),
+          "TensorFlow's default strategy, and the validation pass over the sample's {val} "
+          "images) against its floor", {"val": Figure(FLOOR, ("validation_images",), "{:,}")}),
     Quote("docs/hardware-and-benchmarks.md",
           "(its pipeline, {spe} steps per execution,", {
               "spe": Figure(FLOOR, ("steps_per_execution",))}),
@@ -329,7 +329,7 @@ QUOTES += [
               "epoch": Figure(FLOOR, ("median_seconds", "train_cpu.py epoch"), "{:.2f}"),
               "low": Figure(FLOOR, ("median_seconds", "floor"), "{:.2f}"),
               "ratio": Figure(FLOOR, ("median_epoch_to_floor",), "{:.2f}")}),
-    Quote("docs/hardware-and-benchmarks.md", "spread from {lowest}x to {highest}x", {
+    Quote("docs/hardware-and-benchmarks.md", "ratios spread from {lowest}x to {highest}x", {
         "lowest": Computed(FLOOR, lambda r: min(r["epoch_to_floor"]), "{:.2f}"),
         "highest": Computed(FLOOR, lambda r: max(r["epoch_to_floor"]), "{:.2f}")}),
     # docs/data-and-tfrecords.md

@@ -23,7 +23,7 @@ STRATEGY = {
     "train_tpu.py": ["TPUClusterResolver", "connect_to_cluster", "initialize_tpu_system",
                      "TPUStrategy("],
     "train_gpu.py": ["MirroredStrategy("],
-    "train_cpu.py": ["OneDeviceStrategy("],
+    "train_cpu.py": ["get_strategy()"],
 }
 ARTICLE_MODULES = {"config", "data", "autoencoder", "loss"}
 MAX_MORE_MODULES = 3  # top-level modules the scripts call besides the article's

@@ -1,5 +1,7 @@
 """Mixed precision and XLA on the training scripts, and the first things a new user meets."""
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -97,15 +99,21 @@ def test_xla_is_refused_on_several_logical_devices(tmp_path):
 def test_redirected_output_has_no_terminal_escapes(repo, tmp_path):
     tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
             "--data-source", "sample"]
+    # TensorFlow's own log level as a reader's shell has it: not set
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     result = subprocess.run([sys.executable, "train_cpu.py", *tiny,
                              "--output-dir", str(tmp_path)], cwd=repo, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout + result.stderr
     assert "Epoch 2/2" in result.stdout  # one line per epoch instead of a progress bar
     # TensorFlow's INFO lines and the generator rewrite warning are gone
     assert "Memory patch applied" not in result.stderr
     assert "will not be optimized" not in result.stderr
+    # nor any other line of TensorFlow's C++ logging ("W0000 00:00:... file.cc:1] ...")
+    native = [line for line in (result.stdout + result.stderr).splitlines()
+              if re.match(r"[IWEF]\d{4} \d\d:\d\d:", line)]
+    assert native == [], native
 
 
 def test_compare_takes_several_folders(tiny_runs, tmp_path, capsys):

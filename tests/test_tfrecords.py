@@ -387,3 +387,17 @@ def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, sm
     assert whole.options().experimental_distribute.auto_shard_policy != off
     sliced = source.dataset(TRAIN, reading, tf.distribute.InputContext(2, 0, 2))
     assert sliced.options().experimental_distribute.auto_shard_policy == off
+
+
+def test_on_one_host_the_strategy_is_not_asked_to_shard_a_tfrecord_run(tmp_path, small):
+    # its rewrite would only drop the batch count, with a warning in every run
+    from pyimagesearch.strategies import rehearsal
+    from pyimagesearch.training.plan import Settings, plan_run
+
+    write(tmp_path, small, shards=2)
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
+    plan = plan_run("gpu", Settings(batch_size=10), 2).with_data(source, rehearsal(2))
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    for split, shuffle in ((TRAIN, 64), (VAL, None)):
+        dataset = data.get_data(config.DATA_NAME, split, 20, shuffle, plan=plan)
+        assert dataset.options().experimental_distribute.auto_shard_policy == off

@@ -10,6 +10,7 @@ import pytest
 
 import train_cpu
 from pyimagesearch import outputs
+from pyimagesearch.training.errors import UserError
 from pyimagesearch.datasets import sources
 from pyimagesearch.training import files
 
@@ -58,7 +59,9 @@ def test_failure_while_saving_leaves_earlier_outputs_untouched(tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(keras.Model, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    # one line since issue 22 (a traceback before): it names the scratch folder
+    with pytest.raises(UserError, match=r"cannot write the outputs in the scratch folder "
+                                        r".*\(disk full\).*earlier outputs are untouched"):
         train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
     for name in ("cpu.png", "cpu.json", "cpu.keras"):
         assert (tmp_path / name).read_text() == f"earlier {name}"

@@ -146,7 +146,7 @@ def floor(args, source, command):
     """train_cpu.py's epoch against its floor, taking turns in this process; the figures.
 
     The epoch is the script's: its pipeline, steps per execution, strategy
-    (one CPU) and a validation pass. The floor is the same model, steps and
+    (TensorFlow's default, on the CPU) and a validation pass. The floor is the same model, steps and
     steps per execution on one batch already in memory, repeated: no input
     pipeline to speak of, no validation. Their ratio is what the data and
     the validation cost on top of what the kernels allow.
@@ -158,7 +158,7 @@ def floor(args, source, command):
 
     steps, batch = args.steps, config.BATCH_SIZE
     spe = steps_per_execution(steps)
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # train_cpu.py's
+    strategy = tf.distribute.get_strategy()  # train_cpu.py's: TensorFlow's default
     validation = source.size(config.VALIDATION_FLAG)
     one_batch = next(iter(efficient_pipeline(source, batch)))
     setups = {

@@ -48,6 +48,13 @@ class OneLineParser(argparse.ArgumentParser):
 MAX_WORKERS = 16  # TensorFlow processes on one machine, each about 1 GB
 
 
+def whole_number(text):
+    """An integer in ASCII digits (int() would also take "1_0" or "٣")."""
+    if not text.strip().lstrip("+-").isascii() or not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    return int(text)
+
+
 def fail(message, status=EXIT_USER_ERROR):
     """One line on stderr, then exit."""
     print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
@@ -197,7 +204,7 @@ def main(argv):
                                  "current folder)",
                            description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--workers", type=whole_number, default=2,
                         help="worker processes to start (default %(default)s)")
     parser.add_argument("--network", choices=("isolated", "host"), default="isolated",
                         help="isolated: a private network namespace with loopback only "

@@ -18,6 +18,7 @@ This module knows the format only: arrays in, arrays and batches of uint8
 images out. `pyimagesearch.data` makes it the "tfrecord" source.
 """
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -106,7 +107,19 @@ def _write_shard(folder, name, records, compression):
     finally:
         if tf.io.gfile.exists(temporary):  # a failed write leaves nothing behind
             tf.io.gfile.remove(temporary)
-    return {"file": name, "records": len(records), "bytes": tf.io.gfile.stat(final).length}
+    return {"file": name, "records": len(records), "bytes": tf.io.gfile.stat(final).length,
+            "sha256": file_sha256(final)}
+
+
+def file_sha256(path, chunk=1 << 22):
+    """The SHA-256 of a file's bytes, read through tf.io.gfile, as hex."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        while True:
+            block = handle.read(chunk)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
 
 
 def _remove_stale(folder, splits, keep):
@@ -239,6 +252,9 @@ def _check_metadata(path, metadata):
                                  and shard["records"] >= 0
                                  for shard in shards):
             fail(f"split {split!r} lists no shards, or shards without file and records")
+        if not all(re.fullmatch(r"[0-9a-f]{64}", shard.get("sha256", "0" * 64) or "")
+                   for shard in shards):
+            fail(f"split {split!r} lists a shard whose sha256 is not 64 hex digits")
         if entry.get("images") != sum(shard["records"] for shard in shards):
             fail(f"split {split!r} counts {entry.get('images')!r} images, its shards "
                  f"add up to {sum(shard['records'] for shard in shards)}")
@@ -288,9 +304,11 @@ def verify(folder):
     """Read every record of every shard once and check it against the metadata.
 
     Catches a missing, truncated or corrupt shard (TFRecord's checksums), a
-    record with missing features or the wrong shape, and counts that differ
-    from the metadata: a UserError naming the file, before any training
-    starts. Returns the metadata. Cheap at MNIST's size (47 MB).
+    record with missing features or the wrong shape, counts that differ from
+    the metadata and, for a local shard, bytes that are not the ones written
+    (a shard swapped for another of the same size: its SHA-256): a UserError
+    naming the file, before any training starts. Returns the metadata. Cheap
+    at MNIST's size (47 MB).
     """
     metadata = read_metadata(folder)
     shape = metadata["image_shape"]
@@ -301,7 +319,21 @@ def verify(folder):
             paths, counts = split_files(folder, metadata, split)
             for path, count, shard in zip(paths, counts, metadata["splits"][split]["shards"]):
                 _verify_shard(path, count, shard.get("bytes"), shape, compression)
+                if shard.get("sha256") and "://" not in path:
+                    _check_sha256(path, shard["sha256"])
     return metadata
+
+
+def _check_sha256(path, expected):
+    """A local shard's bytes are the ones written: another shard of the same size is not.
+
+    On a bucket this is left out (it would read every shard a second time
+    over the network); there the size, the record count and shape, and
+    TFRecord's own checksum of every record are checked.
+    """
+    if file_sha256(path) != expected:
+        raise UserError(f"{path} is not the shard {METADATA_NAME} lists (its SHA-256 "
+                        "differs): replaced or edited; run tools/write_tfrecords.py again")
 
 
 def _verify_shard(path, count, size, shape, compression):

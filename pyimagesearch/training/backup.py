@@ -25,7 +25,8 @@ from pyimagesearch.training import preemption
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.training.cluster import check_workers_agree
 from pyimagesearch.training.errors import Preempted, UserError, first_line
-from pyimagesearch.training.files import join, read_json, scratch_folder, write_json
+from pyimagesearch.training.files import (LOCK, join, read_json, scratch_folder, take_lock,
+                                          write_json)
 from pyimagesearch.training.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
@@ -46,12 +47,23 @@ def identity(plan):
             "seed": settings.seed, "jit_compile": settings.jit_compile}
 
 
-def _within(path, folder):
-    """Whether `path` is `folder` or inside it (local paths or URLs such as gs://)."""
-    if "://" not in path and "://" not in folder:
-        path, folder = os.path.abspath(path), os.path.abspath(folder)
-    path, folder = path.rstrip("/"), folder.rstrip("/")
-    return path == folder or path.startswith(folder + "/")
+def saved_checkpoint(folder):
+    """(global steps, path) of the checkpoint the backup `folder` holds; (0, None) without one.
+
+    Raises what TensorFlow raises for a checkpoint that cannot be read, and
+    ValueError where its state names a checkpoint that is not there.
+    """
+    checkpoints = join(folder, CHECKPOINTS)
+    if tf.io.gfile.exists(checkpoints) and not tf.io.gfile.isdir(checkpoints):
+        raise ValueError(f"{checkpoints} is a file, not a folder")
+    state = tf.train.get_checkpoint_state(checkpoints)
+    if state is None or not state.model_checkpoint_path:
+        return 0, None
+    latest = state.model_checkpoint_path
+    if not tf.io.gfile.exists(latest + ".index"):
+        # (tf.train.latest_checkpoint would log an error and report none)
+        raise ValueError(f"{latest}, which its state file names, is missing")
+    return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE")), latest
 
 
 class Backup(keras.callbacks.Callback):
@@ -66,7 +78,6 @@ class Backup(keras.callbacks.Callback):
     def __init__(self, plan):
         super().__init__()
         self.folder = plan.settings.backup_dir
-        self.output_dir = plan.settings.output_dir
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
         self.is_chief, self.workers = plan.is_chief, plan.workers
@@ -83,10 +94,6 @@ class Backup(keras.callbacks.Callback):
         that all found the same, so that all stop or none (a refused backup
         too); only then does the chief write run.json.
         """
-        if _within(self.output_dir, self.folder):
-            raise UserError(f"--output-dir {self.output_dir} is inside --backup-dir "
-                            f"{self.folder}, which is deleted when the run ends; give "
-                            "them separate folders")
         step, refusal = self._checkpoint_step(), self._refusal()
         check_workers_agree(cluster, {"backup": refusal or f"{step:,} steps done"},
                             topic="backup")
@@ -94,6 +101,7 @@ class Backup(keras.callbacks.Callback):
             raise UserError(refusal)
         if self.is_chief:
             tf.io.gfile.makedirs(self.folder)
+            take_lock(self.folder)  # a second run on the same folder stops here
             write_json(join(self.folder, RUN), self.run)
         # global steps trained, saved with the weights: counted on across both
         # calls to fit of a run resumed mid-epoch
@@ -108,9 +116,12 @@ class Backup(keras.callbacks.Callback):
                             "delete the backup folder to start fresh")
         self.history = {key: list(history[key][:epochs_done]) for key in self.history}
         if step > self.epochs * self.steps_per_epoch:
-            raise UserError(f"the backup in {self.folder} has {epochs_done} epochs done, more "
-                            f"than --epochs {self.epochs}; raise --epochs, or delete the "
-                            "backup to start fresh")
+            rest = step - epochs_done * self.steps_per_epoch
+            held = _count(epochs_done, "epoch") + (f" and {_count(rest, 'step')}" if rest else "")
+            raise UserError(f"the backup in {self.folder} has {step:,} steps done ({held}), "
+                            f"more than the {self.epochs * self.steps_per_epoch:,} of --epochs "
+                            f"{self.epochs}; raise --epochs, or delete the backup to start "
+                            "fresh")
         if step:
             print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "
                   f"epochs and {step:,} steps done")
@@ -127,7 +138,8 @@ class Backup(keras.callbacks.Callback):
         if saved is not None and not isinstance(saved, dict):
             return (f"{join(self.folder, RUN)} does not describe a run; delete the "
                     "backup folder to start fresh")
-        has_state = tf.io.gfile.exists(self.folder) and bool(tf.io.gfile.listdir(self.folder))
+        has_state = tf.io.gfile.exists(self.folder) and any(
+            name != LOCK for name in tf.io.gfile.listdir(self.folder))
         if saved is None and has_state:
             return (f"--backup-dir {self.folder} holds files of something else; "
                     "choose an empty or new folder")
@@ -146,21 +158,10 @@ class Backup(keras.callbacks.Callback):
 
     def _checkpoint_step(self):
         """The global steps the checkpoint has trained (0 without one); keeps its path."""
-        folder = join(self.folder, CHECKPOINTS)
         try:
-            if tf.io.gfile.exists(folder) and not tf.io.gfile.isdir(folder):
-                raise ValueError(f"{folder} is a file, not a folder")
-            state = tf.train.get_checkpoint_state(folder)
-            if state is None or not state.model_checkpoint_path:
-                return 0
-            latest = state.model_checkpoint_path
-            if not tf.io.gfile.exists(latest + ".index"):
-                # (tf.train.latest_checkpoint would log an error and report none)
-                raise ValueError(f"{latest}, which its state file names, is missing")
-            step = int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+            step, self._latest = saved_checkpoint(self.folder)
         except (ValueError, IndexError, tf.errors.OpError) as error:
             raise self._broken(error) from error
-        self._latest = latest
         return step
 
     def _broken(self, error):
@@ -248,9 +249,40 @@ class Backup(keras.callbacks.Callback):
                         "command to resume")
 
     def _save(self):
+        """Save the checkpoint of the steps trained; a failure is one line, the last one kept.
+
+        CheckpointManager writes the new checkpoint before its state file
+        names it, so a save that fails (a full disk, a bucket gone) leaves the
+        state naming the last good one; what was half written is removed.
+        """
         self._step.assign(self._trained)
-        self.manager.save()
+        try:
+            self.manager.save()
+        except (OSError, tf.errors.OpError) as error:
+            written = self._scratch or join(self.folder, CHECKPOINTS)
+            for path in (tf.io.gfile.glob(join(written, "*_temp*"))
+                         + tf.io.gfile.glob(join(written, "checkpoint.tmp*"))):
+                if tf.io.gfile.isdir(path):
+                    tf.io.gfile.rmtree(path)
+                else:
+                    tf.io.gfile.remove(path)
+            self._close()
+            kept = self._kept()
+            raise UserError(f"cannot save the backup in {self.folder} ({first_line(error)}) "
+                            f"after {self._trained:,} steps; {kept}, and the earlier outputs "
+                            "are untouched") from error
         self._since = 0
+
+    def _kept(self):
+        """What the backup folder holds now, read back from it: for a line that says so."""
+        try:
+            step, _ = saved_checkpoint(self.folder)
+        except (ValueError, IndexError, tf.errors.OpError):
+            return "the backup there cannot be read back"
+        if not step:
+            return "it holds no backup yet"
+        return (f"it holds the backup of {step:,} steps, which the same command resumes "
+                "from (once there is room)")
 
     def on_train_end(self, logs=None):
         self._close()
@@ -268,3 +300,8 @@ class Backup(keras.callbacks.Callback):
         """The run's outputs are written: the backup is no longer needed."""
         if self.is_chief and tf.io.gfile.exists(self.folder):
             tf.io.gfile.rmtree(self.folder)
+
+
+def _count(count, what):
+    """'1 epoch', '2 epochs'."""
+    return f"{count:,} {what}" + ("" if count == 1 else "s")

@@ -170,7 +170,8 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     host, port = _host_port(cluster.address)
     try:
         if _is_loopback(host):  # a cluster on one machine: reachable from it alone
-            here = socket.create_server((host, port))
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            here = socket.create_server((host, port), family=family)
         elif socket.has_dualstack_ipv6():
             here = socket.create_server(("", port), family=socket.AF_INET6,
                                         dualstack_ipv6=True)

@@ -48,6 +48,46 @@ def read_json(path, advice):
         raise UserError(f"cannot read {path} ({first_line(error)}); {advice}") from error
 
 
+LOCK = ".lock"  # in a backup folder: host and pid of the run that uses it
+
+
+def take_lock(folder):
+    """Make this process the one that uses `folder`; one line if another live one does.
+
+    The lock is a file naming the host and process. One of a process that is
+    gone (killed, crashed) is taken over; one of this process is its own
+    (a second run in the same interpreter). On a local disk the file is
+    created exclusively, so two runs starting together cannot both take it.
+    """
+    import socket
+
+    path = join(folder, LOCK)
+    mine = {"host": socket.gethostname(), "pid": os.getpid()}
+    held = read_json(path, advice=f"delete {path} if no run uses {folder}")
+    if isinstance(held, dict) and held != mine:
+        if held.get("host") != mine["host"]:
+            raise UserError(f"{folder} is in use by process {held.get('pid')} on "
+                            f"{held.get('host')} ({path}); wait for that run, or delete "
+                            "the lock if it is gone")
+        if isinstance(held.get("pid"), int) and running(held["pid"]):
+            raise UserError(f"{folder} is in use by the run of process {held['pid']}; wait "
+                            "for it to end, or give another --backup-dir")
+    if held is not None:
+        tf.io.gfile.remove(path)  # a dead run's, or a broken one: taken over
+    if "://" in folder:
+        write_json(path, mine)
+        return
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError(f"{folder} was just taken by another run; wait for it to end, "
+                        "or give another --backup-dir") from None
+    except OSError as error:
+        raise UserError(f"cannot write {path}: {first_line(error)}") from error
+    with os.fdopen(handle, "w") as file:
+        file.write(json.dumps(mine) + "\n")
+
+
 def scratch_folder(kind):
     """A new local temporary folder, pyimagesearch-KIND-PID-...; the caller removes it.
 
@@ -57,12 +97,12 @@ def scratch_folder(kind):
     pattern = os.path.join(tempfile.gettempdir(), f"pyimagesearch-{kind}-*-*")
     for path in glob.glob(pattern):
         pid = path.rsplit(f"pyimagesearch-{kind}-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"pyimagesearch-{kind}-{os.getpid()}-")
 
 
-def _running(pid):
+def running(pid):
     """Whether a process `pid` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)

@@ -257,7 +257,10 @@ def check_levers(plan, strategy):
     if plan.device == "tpu" and not plan.rehearsal:
         raise UserError("--jit-compile is for CPUs and GPUs: a TPU compiles every step "
                         "with XLA anyway")
-    local = len(strategy.extended.worker_devices)
+    try:
+        local = len(strategy.extended.worker_devices)
+    except RuntimeError:  # TensorFlow's default strategy (train_cpu.py): one device
+        local = 1
     if plan.rehearsal and local > 1:
         raise UserError("--jit-compile cannot rehearse on several logical CPU devices "
                         "in one process; use --rehearse 1, or leave out --jit-compile")

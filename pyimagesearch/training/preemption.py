@@ -13,6 +13,7 @@ PreemptionCheckpointHandler: it sees `requested()`, agrees on the step with
 every worker through the coordination service, and has each save the backup
 there and stop.
 """
+import contextlib
 import signal
 import sys
 import threading
@@ -23,6 +24,8 @@ from pyimagesearch.training.errors import Preempted
 from pyimagesearch.training.workarounds import preemption_handler_acts
 
 _requested = threading.Event()
+_terminated = threading.Event()  # SIGTERM arrived with no backup to save: the run stops
+STOPPED = "stopped by SIGTERM"  # the message run_main completes with what is on disk
 _saving = threading.Event()  # a Backup is there to save at the next step
 
 
@@ -41,8 +44,40 @@ def _on_sigterm(signum, frame):
         print("[INFO] SIGTERM: saving the backup at the next step, then stopping",
               file=sys.stderr, flush=True)
         return
-    raise Preempted("stopped by SIGTERM; earlier outputs are untouched (with "
-                    "--backup-dir the run saves its state first and resumes after)")
+    # noted first: raised inside a finalizer (a weakref callback, say), the
+    # exception is printed and dropped by Python; run_main still sees this
+    _terminated.set()
+    raise Preempted(STOPPED)
+
+
+def terminated():
+    """True once SIGTERM arrived while no backup was kept: the run must end with 143."""
+    return _terminated.is_set()
+
+
+@contextlib.contextmanager
+def deferred():
+    """Ctrl-C and SIGTERM wait until the block ends: for a few steps that must not be cut.
+
+    Their handlers are swapped for ones that only take note, so a signal
+    arriving in any thread cannot raise inside the block; each one noted is
+    raised again, to the usual handler, when the block ends. Main thread
+    only (signal handlers can be set nowhere else); elsewhere it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 def saving(active):
