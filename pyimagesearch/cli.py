@@ -468,7 +468,7 @@ def run_main(main, argv=None):
     """
     from pyimagesearch.training import preemption
 
-    preemption.watch()
+    preemption.watch(fresh=True)
     default_hook = sys.unraisablehook
     sys.unraisablehook = _kept_for_later(default_hook)
     try:
@@ -510,6 +510,10 @@ def _run(main, argv):
     except UserError:
         raise
     except Exception as error:
+        if preemption.terminated():
+            # the handler's exception, wrapped by whatever caught it (tf.function's
+            # input binding makes it a TypeError)
+            raise Preempted(preemption.STOPPED) from error
         stopped = peer_lost(_process["cluster"], error) or _disk_full(error)
         if stopped is None:
             raise

@@ -108,6 +108,53 @@ def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
     _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_sigterm_whose_exception_a_library_wraps_still_stops_with_143(monkeypatch, capsys,
+                                                                      wrapped):
+    # tf.function's input binding catches any Exception and raises a TypeError from
+    # it: a SIGTERM that lands there must still end the run as a preemption
+    from pyimagesearch import cli
+
+    def main(argv):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this frame
+        raise AssertionError("the handler did not raise")
+
+    def binding(argv):
+        try:
+            main(argv)
+        except Exception as error:
+            raise TypeError(f"Binding inputs to tf.function failed due to `{error}`") from error
+
+    def exit_now(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            cli.run_main(binding if wrapped else main, [])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    said = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 143
+    assert len(said) == 1 and "stopped by SIGTERM" in said[0], said
+
+
+def test_a_later_run_in_the_same_interpreter_forgets_an_earlier_sigterm(monkeypatch, capsys):
+    from pyimagesearch import cli
+    from pyimagesearch.training import preemption
+
+    monkeypatch.setattr(preemption, "_terminated", __import__("threading").Event())
+    preemption._terminated.set()  # an earlier run in this interpreter was stopped
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(ValueError, match="a bug of its own"):
+            cli.run_main(lambda argv: (_ for _ in ()).throw(ValueError("a bug of its own")), [])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not preemption.terminated()
+
+
 def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
         repo, tmp_path):
     out = tmp_path / "out"

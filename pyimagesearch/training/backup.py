@@ -15,7 +15,6 @@ share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
-import os
 import shutil
 
 import keras

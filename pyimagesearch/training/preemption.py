@@ -29,12 +29,16 @@ STOPPED = "stopped by SIGTERM"  # the message run_main completes with what is on
 _saving = threading.Event()  # a Backup is there to save at the next step
 
 
-def watch():
+def watch(fresh=False):
     """Handle SIGTERM from here on (call it in the main thread).
 
     Called again once the strategy is built: a multi-worker strategy's
     runtime puts a handler of its own in place that only takes note of it.
+    fresh=True, at the start of a run, forgets an earlier run's SIGTERM.
     """
+    if fresh:
+        _requested.clear()
+        _terminated.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
