@@ -93,6 +93,17 @@ TOP_ABOVE_THE_SUBPACKAGES = ("pyimagesearch.data", "pyimagesearch.cli",
 
 
 @pytest.mark.parametrize("subpackage", ["datasets", "training"])
+def test_each_subpackage_says_what_it_holds(subpackage):
+    # a regular package, whose docstring names every module in it
+    init = PACKAGE / subpackage / "__init__.py"
+    assert init.is_file(), f"{subpackage}/ has no __init__.py"
+    said = ast.get_docstring(ast.parse(init.read_text())) or ""
+    missing = [path.stem for path in (PACKAGE / subpackage).glob("*.py")
+               if path.stem != "__init__" and f"`{path.stem}`" not in said]
+    assert missing == [], f"{subpackage}/__init__.py does not name {missing}"
+
+
+@pytest.mark.parametrize("subpackage", ["datasets", "training"])
 def test_no_import_runs_back_up(subpackage):
     for path in (PACKAGE / subpackage).glob("*.py"):
         imported = _imports(path)

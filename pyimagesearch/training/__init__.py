@@ -1,0 +1,15 @@
+"""How a run trains beyond the article's `model.fit`, beneath the scripts and `pyimagesearch.cli`.
+
+- `plan`: `Settings` (from the flags) and `RunPlan` (the numbers a run trains with);
+- `callbacks`: the timer, TensorBoard and the profiler, as Keras callbacks;
+- `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
+- `loop`: the custom training loop (`--loop custom`);
+- `precision`: mixed precision and XLA;
+- `cluster`: TF_CONFIG, the peers, what every worker must agree on;
+- `publish`: a run's outputs into their folder, all of them or none;
+- `errors`, `files`, `workarounds`: the one-line errors, paths through tf.io.gfile,
+  and TensorFlow's workarounds, which `pyimagesearch.datasets` uses too.
+
+Nothing here imports `pyimagesearch.datasets`, `pyimagesearch.data`, the command
+line or the scripts.
+"""
