@@ -75,26 +75,45 @@ def tiny_runs(tmp_path_factory):
     """A folder of three tiny real runs: cpu, gpu_rehearsal (2 devices), tpu_rehearsal (2).
 
     Their records, models and figures, made once for every test that reads
-    run records (compare.py's); copy what a test changes. Each script runs
-    as `python SCRIPT` runs it (runpy), with get_data, Model.fit and
-    Model.predict wrapped before it starts: `tiny_runs.calls[script]` counts
-    what it called (tests/test_listing.py).
+    run records (compare.py's), and once for both pytest-xdist processes (the
+    first to ask makes them, under a lock; the other reads them): copy what a
+    test changes. Each script runs as `python SCRIPT` runs it (runpy), with
+    get_data, Model.fit and Model.predict wrapped before it starts:
+    `tiny_runs.calls[script]` counts what it called (tests/test_listing.py).
     """
+    import fcntl
+    import json
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each xdist process's own
+    folder = _RunsFolder(shared / "tiny_runs")
+    counted = shared / "tiny_runs_calls.json"  # written last: the runs are all there
+    with open(shared / "tiny_runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not counted.exists():
+            folder.mkdir(exist_ok=True)
+            counted.write_text(json.dumps(_tiny_runs_in(folder)))
+    folder.calls = json.loads(counted.read_text())
+    return folder
+
+
+def _tiny_runs_in(folder):
+    """Run the three scripts into `folder`; what each called, by script."""
     import runpy
 
     import keras
 
     from pyimagesearch import data
 
-    folder = _RunsFolder(tmp_path_factory.mktemp("tiny_runs"))
-    folder.calls = {}
     tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample",
             "--output-dir", str(folder)]
     runs = {"train_cpu.py": ["--batch-size", "32"],
             "train_gpu.py": ["--batch-size", "32", "--rehearse", "2"],
             "train_tpu.py": ["--batch-size", "64", "--rehearse", "2"]}
+    counts = {}
     for script, flags in runs.items():
-        calls = folder.calls[script] = {"get_data": 0, "fit": 0, "predict": 0}
+        calls = counts[script] = {"get_data": 0, "fit": 0, "predict": 0}
 
         def counting(name, function, calls=calls):
             def wrapper(*args, **kwargs):
@@ -108,4 +127,4 @@ def tiny_runs(tmp_path_factory):
             patch.setattr(keras.Model, "predict", counting("predict", keras.Model.predict))
             patch.setattr(sys, "argv", [script, *tiny, *flags])
             runpy.run_path(str(REPO / script), run_name="__main__")
-    return folder
+    return counts

@@ -83,7 +83,7 @@ def _logged(folder):
     return {tag: len(events.Tensors(tag)) for tag in events.Tags()["tensors"]}
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_tensorboard_logs_hold_one_value_per_epoch(tmp_path, loop):
     train_cpu.main(["--epochs", "3", "--steps-per-epoch", "3", "--batch-size", "32",
                     "--data-source", "sample", "--loop", loop, "--logdir",
@@ -95,7 +95,7 @@ def test_tensorboard_logs_hold_one_value_per_epoch(tmp_path, loop):
     assert validation["reconstructions"] == 3
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_profile_steps_leave_a_trace(tmp_path, loop):
     train_cpu.main(["--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "32",
                     "--data-source", "sample", "--loop", loop, "--profile-steps", "2,3",

@@ -493,8 +493,11 @@ def test_a_run_killed_mid_swap_is_made_whole_by_the_next_run(repo, tmp_path, in_
     assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"
 
 
-# "term": the default run sends signals at every step of a publish in this process
-@pytest.mark.parametrize("mode", [pytest.param("term", marks=pytest.mark.slow), "late-term"])
+# the default run sends signals at every step of a publish in this process ("term"),
+# and from a finalizer in tests/test_preemption.py ("late-term"); these are the same
+# in a fresh process
+@pytest.mark.parametrize("mode", ["term", "late-term"])
+@pytest.mark.slow
 def test_sigterm_during_or_after_the_swap_says_the_new_outputs_are_written(repo, tmp_path,
                                                                           mode):
     out = tmp_path / "out"

@@ -58,6 +58,7 @@ def test_steps_must_be_positive(tmp_path, capsys):
     assert "--steps" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a profile of three set-ups (about 7 s)
 def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path):
     benchmark_pipeline.main(["--data-dir", str(tiny_mnist), "--steps", "4", "--trials", "1",
                              "--profile-dir", str(tmp_path / "profile")])

@@ -160,6 +160,7 @@ def test_master_is_the_chief(repo, tmp_path):
     assert not (tmp_path / "worker").exists()
 
 
+@pytest.mark.slow  # two workers and a stand-in metadata server (about 14 s)
 def test_workers_that_disagree_on_the_preemption_handler_all_stop_with_one_line(repo,
                                                                               tmp_path):
     # the chief finds Google Cloud's metadata server (a stand-in: a CPU VM
@@ -258,8 +259,9 @@ def test_a_port_in_use_is_one_line():
         wait_for_peers(_lonely(port, peer), 0.3)
 
 
-@pytest.mark.parametrize("sig, status, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
-                                              (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize("sig, status, said", [
+    (signal.SIGTERM, 143, "stopped by SIGTERM"),
+    pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow)])
 def test_sigterm_and_ctrl_c_stop_a_worker_waiting_for_its_peers(repo, tmp_path, sig, status,
                                                                said):
     # TensorFlow's own wait ignores both: the project's comes first

@@ -1,8 +1,6 @@
 """train_gpu.py and train_tpu.py: rehearsals on logical CPUs, and fast failure without hardware."""
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -39,7 +37,7 @@ def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
     assert not (tmp_path / "gpu.png").exists()  # a rehearsal is never named gpu.*
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path, loop):
     # the test session has 4 logical CPUs; `python train_tpu.py --rehearse 8`
     # is the same code path with 8
@@ -115,7 +113,7 @@ def test_learning_rate_scaling():
     ("train_gpu.py", "no GPU is visible", "gpu.png"),
     ("train_tpu.py", "no TPU found", "tpu.png"),
 ])
-def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint, figure):
+def test_no_accelerator_fails_fast_with_one_line(in_process, tmp_path, script, hint, figure):
     import tensorflow as tf
 
     if script == "train_gpu.py" and tf.config.list_physical_devices("GPU"):
@@ -125,9 +123,7 @@ def test_no_accelerator_fails_fast_with_one_line(repo, tmp_path, script, hint, f
                                      or os.path.exists("/dev/accel0")):
         pytest.skip("this machine may have a TPU")
     (tmp_path / figure).write_text("earlier")
-    result = subprocess.run([sys.executable, script, "--output-dir", str(tmp_path)],
-                            cwd=repo, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    result = in_process(script, "--output-dir", str(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and hint in lines[0] and "--rehearse" in lines[0], result.stderr

@@ -108,22 +108,30 @@ def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
     _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
 
 
-@pytest.mark.parametrize("wrapped", [False, True])
-def test_sigterm_whose_exception_a_library_wraps_still_stops_with_143(monkeypatch, capsys,
-                                                                      wrapped):
+@pytest.mark.parametrize("how", ["raised", "wrapped", "dropped"])
+def test_sigterm_whose_exception_a_library_wraps_or_drops_still_stops_with_143(
+        monkeypatch, capsys, how):
     # tf.function's input binding catches any Exception and raises a TypeError from
-    # it: a SIGTERM that lands there must still end the run as a preemption
+    # it; in a finalizer (a __del__, a weakref callback) Python prints the exception
+    # and drops it: either way the run must still end as a preemption
     from pyimagesearch import cli
 
-    def main(argv):
+    def raised(argv):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this frame
         raise AssertionError("the handler did not raise")
 
-    def binding(argv):
+    def wrapped(argv):
         try:
-            main(argv)
+            raised(argv)
         except Exception as error:
             raise TypeError(f"Binding inputs to tf.function failed due to `{error}`") from error
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def dropped(argv):
+        Finalized()  # gone at once: the handler raises inside __del__
 
     def exit_now(status):
         raise SystemExit(status)
@@ -132,7 +140,7 @@ def test_sigterm_whose_exception_a_library_wraps_still_stops_with_143(monkeypatc
     previous = signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(SystemExit) as stopped:
-            cli.run_main(binding if wrapped else main, [])
+            cli.run_main({"raised": raised, "wrapped": wrapped, "dropped": dropped}[how], [])
     finally:
         signal.signal(signal.SIGTERM, previous)
     said = capsys.readouterr().err.strip().splitlines()

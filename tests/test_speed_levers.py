@@ -132,6 +132,7 @@ def test_compare_takes_several_folders(tiny_runs, tmp_path, capsys):
     assert (tmp_path / "cmp" / "comparison.png").exists()
 
 
+@pytest.mark.slow  # five set-ups trained (about 8 s)
 def test_the_levers_benchmark_reports_every_set_up(tmp_path):
     import benchmark_levers
 
