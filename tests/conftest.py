@@ -6,6 +6,7 @@ before any test runs an op. Single-device code still runs on /cpu:0.
 """
 import os
 import pathlib
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,6 +22,13 @@ import pyimagesearch  # noqa: E402,F401  (first: TensorFlow's start-up notices s
 import tensorflow as tf  # noqa: E402
 
 from pyimagesearch.training.workarounds import native_stderr_quiet  # noqa: E402
+
+# a shell that starts the suite in the background (`cmd &` in a script) has it
+# ignore Ctrl-C, and so would every process it starts: the tests send SIGINT
+# and expect what Ctrl-C at a terminal does (the scripts keep an ignored SIGINT
+# ignored, as Unix programs do)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 LOGICAL_CPUS = 4
 with native_stderr_quiet():  # a machine without a GPU logs a failed cuInit here
