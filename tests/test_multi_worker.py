@@ -246,7 +246,8 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
     assert run.read_until(r"\[worker 1\] Epoch 2/4"), "\n".join(run.lines)
     os.kill(run.pids[1], signal.SIGTERM)  # the worker that is not the chief
     status, err = run.finish(timeout=240)
-    assert status == 143 and "worker 1 exited with status 143" in err, err
+    # both stop at the agreed step with 143; the launcher names whichever it saw end first
+    assert status == 143 and re.search(r"worker [01] exited with status 143", err), err
     errors = {int(line[8]): line for line in run.lines if ": error: " in line}
     assert sorted(errors) == [0, 1], "\n".join(run.lines[-30:])
     assert "stopped by SIGTERM after" in errors[1]
