@@ -384,8 +384,7 @@ def check_folders(settings):
     for flag, folder in (("--output-dir", settings.output_dir), ("--logdir", logdir),
                          ("--data-dir", settings.data_dir)):
         if folder and _within(folder, backup):
-            linked = "" if _within(os.path.abspath(folder), os.path.abspath(backup), False) \
-                else " (through a symbolic link)"
+            linked = "" if _within(folder, backup, real=False) else " (through a symbolic link)"
             raise UserError(f"{flag} {folder} is inside --backup-dir {backup}{linked}, which "
                             "is deleted when the run ends; give them separate folders")
 

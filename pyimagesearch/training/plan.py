@@ -208,22 +208,23 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
         raise UserError(f"--profile-steps {settings.profile_steps[0]},"
                         f"{settings.profile_steps[1]} starts after the last of the run's "
                         f"{settings.epochs * steps} steps")
+    # Keras 3's fit does not run under MultiWorkerMirroredStrategy
+    loop = "custom" if cluster else settings.loop
+    if device == "tpu":  # the whole epoch per call: every call is a blocking round trip
+        per_execution = steps
+    elif loop == "custom":  # it runs a shorter last call where the epoch needs one
+        per_execution = min(config.STEPS_PER_EXECUTION, steps)
+    else:
+        per_execution = steps_per_execution(steps)
     stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
     return RunPlan(
         settings, device, name=f"{stem}_rehearsal" if rehearsal else stem,
         rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
-        steps_per_epoch=steps,
-        # a TPU runs the whole epoch per call: every call is a blocking round trip;
-        # the custom loop runs a shorter last call where the epoch needs one
-        steps_per_execution=(steps if device == "tpu" else
-                             min(config.STEPS_PER_EXECUTION, steps)
-                             if (cluster or settings.loop == "custom") else
-                             steps_per_execution(steps)),
+        steps_per_epoch=steps, steps_per_execution=per_execution,
         fixed_validation=device == "tpu",
         learning_rate=scaled_learning_rate(settings.learning_rate, settings.lr_scaling,
                                            global_batch),
-        # Keras 3's fit does not run under MultiWorkerMirroredStrategy
-        loop="custom" if cluster else settings.loop,
+        loop=loop,
         workers=cluster.workers if cluster else 1,
         is_chief=cluster.is_chief if cluster else True, cluster=cluster)
 
