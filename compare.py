@@ -189,14 +189,12 @@ def machine_note(records):
 
 def comparison_figure(runs, source):
     """Input digits and each model's reconstruction in columns, plus epoch times."""
-    import keras
     import numpy as np
-
-    import pyimagesearch  # noqa: F401  (registers the model for loading)
     from matplotlib.figure import Figure
 
     from pyimagesearch.data import figure_digits
     from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
+    from pyimagesearch.outputs import load_model
     from pyimagesearch.strategies import cpu_only
 
     cpu_only()  # quiet device discovery; a comparison needs no accelerator
@@ -207,7 +205,7 @@ def comparison_figure(runs, source):
         path = os.path.join(folder, f"{stem}.keras")
         if os.path.exists(path):
             try:
-                models[name] = keras.saving.load_model(path)
+                models[name] = load_model(path)
             except Exception as error:  # a damaged model file is reported, not fatal
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
     data_dir = resolve_data_dir(None) if source == "tfds" else None

@@ -11,18 +11,24 @@ scripts call by name; everything else is one level down:
     training/    the plan, callbacks, backup and preemption, custom loop,
                  precision, clusters, and the errors, files and TensorFlow
                  workarounds they share
+    platforms/   where the scripts run: a TPU's runtime, Colab and Kaggle,
+                 the notebook's driver; none of it imports TensorFlow
 
 Imports run downwards only: the scripts, then cli, strategies and outputs,
 then data, then datasets/ and training/ (datasets/ uses training's errors,
 files and workarounds; training/ never imports datasets/), and config,
-autoencoder and loss, which import nothing of the package.
+autoencoder and loss, which import nothing of the package. platforms/
+imports only training's errors and nothing that loads TensorFlow.
 
-Importing the package registers `AutoEncoder` and `MSELoss` with Keras, so a
-saved `outputs/cpu.keras` loads back with `keras.saving.load_model`.
+Importing the package does not import TensorFlow: a TPU v5e or v6e needs
+TensorFlow's runtime chosen first (platforms/tpu_runtime.py), and the
+notebook's kernel never loads it. The first module that needs TensorFlow
+imports it, quietly. `outputs.load_model` loads a saved `outputs/cpu.keras`
+with this package's classes registered.
 """
 import os
 
-from pyimagesearch.training.workarounds import VERBOSE_ENV, native_stderr_quiet
+from pyimagesearch.training.workarounds import VERBOSE_ENV, quiet_tensorflow_import
 
 if not os.environ.get(VERBOSE_ENV):
     # TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a
@@ -30,9 +36,4 @@ if not os.environ.get(VERBOSE_ENV):
     # still show. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-with native_stderr_quiet():
-    import tensorflow  # noqa: F401  (its C++ start-up notices are not for readers)
-
-from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402,F401  (registers it)
-from pyimagesearch.loss import MSELoss  # noqa: E402,F401  (registers it)
-from pyimagesearch.training.precision import ReplicasAgreeLossScaleOptimizer  # noqa: E402,F401
+quiet_tensorflow_import()  # its C++ start-up notices are not for readers

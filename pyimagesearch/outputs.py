@@ -16,13 +16,19 @@ import sys
 import keras
 import tensorflow as tf
 
-from pyimagesearch import config
+from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered for load_model)
+from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
 from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.training.errors import UserError, first_line
 from pyimagesearch.training.files import join, scratch_folder, write_json
 from pyimagesearch.training.publish import publish
 
 _WRITE_FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
+
+
+def load_model(path):
+    """A model the scripts saved (`outputs/cpu.keras`), its classes registered by this import."""
+    return keras.saving.load_model(path)
 
 
 class StagedOutputs:

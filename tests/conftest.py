@@ -19,6 +19,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import pytest  # noqa: E402
 
 import pyimagesearch  # noqa: E402,F401  (first: TensorFlow's start-up notices stay quiet)
+import pyimagesearch.outputs  # noqa: E402,F401  (the classes keras.saving.load_model needs)
 import tensorflow as tf  # noqa: E402
 
 from pyimagesearch.training.workarounds import native_stderr_quiet  # noqa: E402

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import pyimagesearch  # noqa: F401  (registers the classes with Keras)
+import pyimagesearch.outputs  # noqa: F401  (registers the classes with Keras)
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
 

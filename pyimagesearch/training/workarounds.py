@@ -1,7 +1,8 @@
 """TensorFlow's workarounds, in one place: quiet native logs, and private hooks.
 
 1. `native_stderr_quiet`: TensorFlow's native start-up lines off the
-   terminal, without losing them.
+   terminal, without losing them; `quiet_tensorflow_import` does it for
+   the first import of TensorFlow, whichever module makes it.
 2. `plain_device_buffers`: no autotuning on the per-device input buffers
    of CPU strategies (rehearsal epochs stalled for minutes).
 3. `local_cpu_devices`: several logical CPU devices per worker under
@@ -36,6 +37,8 @@ Set PYIMAGESEARCH_VERBOSE_TF=1 to capture nothing at all: every native line
 then reaches the terminal the moment TensorFlow writes it.
 """
 import contextlib
+import importlib.abc
+import importlib.util
 import os
 import subprocess
 import sys
@@ -156,6 +159,51 @@ def native_stderr_quiet(expected=()):
             # and wait so that no process outlives the block
             watchdog.communicate(_ALL_WELL)
 
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs another loader's module inside `native_stderr_quiet()`."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        with native_stderr_quiet():
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name):  # get_resource_reader and the like
+        return getattr(self._loader, name)
+
+
+class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` once, with a loader that keeps its start-up lines quiet."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)  # once: later imports find it in sys.modules
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+def quiet_tensorflow_import():
+    """Make the first `import tensorflow` in this process quiet, whoever imports it.
+
+    The package itself does not import TensorFlow: a TPU v5e or v6e needs
+    its runtime chosen before TensorFlow loads (platforms.tpu_runtime), and
+    a notebook's kernel must not load it at all (platforms.notebook). So the
+    first module that needs TensorFlow imports it, and this hook quiets that
+    import, as `native_stderr_quiet` quiets the other native moments.
+    """
+    if "tensorflow" in sys.modules or os.environ.get(VERBOSE_ENV):
+        return
+    if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowFinder())
 
 def plain_device_buffers():
     """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
