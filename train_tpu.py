@@ -6,6 +6,12 @@
 Lines marked "# +" go beyond the article. Writes outputs/tpu.png, tpu.json
 (the run record) and tpu.keras; a rehearsal writes tpu_rehearsal.* instead.
 """
+# + a TPU v5e, v5p or v6e: TensorFlow reaches it only through its PJRT
+# + runtime, which must be chosen before TensorFlow is imported (docs/tpus.md)
+import sys  # +
+from pyimagesearch.platforms import tpu_runtime  # +
+tpu_runtime.prepare(sys.argv[1:])  # +
+
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
 # start-up notices off the terminal)
 from pyimagesearch import config

@@ -25,6 +25,7 @@ import threading
 
 import tensorflow as tf
 
+from pyimagesearch.platforms import tpu_runtime
 from pyimagesearch.training.cluster import (answers, collective_communication,
                                             gave_up_waiting, missing_peers, wait_for_peers)
 from pyimagesearch.training.errors import UserError, first_line
@@ -249,6 +250,8 @@ def tpu_errors(tpu=None):
             hint = f"end the process that holds it, or {hint}"
         if "initialize_tpu_system" in _calls(error):
             problem = f"{_tpu_label(tpu)} was found but could not be initialised"
+            if hint == _REHEARSE_TPU:
+                hint = f"likely causes: {tpu_runtime.likely_causes()}; or {hint}"
         else:
             problem = f"could not connect to {_tpu_label(tpu)}"
         raise UserError(f"{problem} (TensorFlow said: {detail}); {hint}") from error

@@ -672,8 +672,8 @@ def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
         assert missing == [], f"{article}: {rows[article]!r} does not hold {missing}"
     # the listings table points into the script too
     readme = _flat(README.read_text())
-    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 59" in readme
-    assert "MSELoss(scale=numAcc)" in _script_lines("line 59")
-    assert "(`train_tpu.py` lines 77-100)" in readme
-    assert ".predict(" in _script_lines("lines 77-100") and "imshow" in _script_lines(
-        "lines 77-100")
+    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 65" in readme
+    assert "MSELoss(scale=numAcc)" in _script_lines("line 65")
+    assert "(`train_tpu.py` lines 83-107)" in readme
+    assert ".predict(" in _script_lines("lines 83-107") and "imshow" in _script_lines(
+        "lines 83-107")

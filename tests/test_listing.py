@@ -92,7 +92,7 @@ TOP_ABOVE_THE_SUBPACKAGES = ("pyimagesearch.data", "pyimagesearch.cli",
                              "pyimagesearch.strategies", "pyimagesearch.outputs")
 
 
-@pytest.mark.parametrize("subpackage", ["datasets", "training"])
+@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms"])
 def test_each_subpackage_says_what_it_holds(subpackage):
     # a regular package, whose docstring names every module in it
     init = PACKAGE / subpackage / "__init__.py"
@@ -103,7 +103,7 @@ def test_each_subpackage_says_what_it_holds(subpackage):
     assert missing == [], f"{subpackage}/__init__.py does not name {missing}"
 
 
-@pytest.mark.parametrize("subpackage", ["datasets", "training"])
+@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms"])
 def test_no_import_runs_back_up(subpackage):
     for path in (PACKAGE / subpackage).glob("*.py"):
         imported = _imports(path)
@@ -113,3 +113,21 @@ def test_no_import_runs_back_up(subpackage):
         if subpackage == "training":
             assert not any(name.startswith("pyimagesearch.datasets") for name in imported), \
                 path.name
+
+
+def test_platforms_and_the_package_top_import_nothing_that_loads_tensorflow():
+    # a TPU v5e's runtime must be chosen before TensorFlow loads, and the
+    # notebook's kernel never loads it: what they import must not either
+    allowed = {"pyimagesearch.platforms", "pyimagesearch.training.workarounds",
+               "pyimagesearch.training.errors"}
+    for path in [PACKAGE / "__init__.py", *(PACKAGE / "platforms").glob("*.py")]:
+        tree = ast.parse(path.read_text())
+        top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        for node in top_level:
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            for name in names:
+                assert name.split(".")[0] not in ("tensorflow", "keras"), (path.name, name)
+                if name.startswith("pyimagesearch"):
+                    assert any(name == a or name.startswith(a + ".") for a in allowed), \
+                        (path.name, name)

@@ -221,6 +221,43 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_
         "--rehearse 8 to rehearse on 8 logical CPU devices")
 
 
+@pytest.mark.parametrize("prepared, runtime", [
+    ("PJRT through /site/libtpu/libtpu.so (libtpu 0.0.18)",
+     "TensorFlow's PJRT runtime, set up as PJRT through /site/libtpu/libtpu.so (libtpu 0.0.18)"),
+    ("libtpu is not installed: pip install -r requirements-tpu.txt",
+     "libtpu is not installed, and this TPU needs it"),
+    ("no TPU that needs PJRT", "on a TPU v5e, v5p or v6e, NEXT_PLUGGABLE_DEVICE_USE_C_API=true "
+     "and TF_PLUGGABLE_DEVICE_LIBRARY_PATH=<libtpu's library> set before TensorFlow is "
+     "imported (train_tpu.py does it)"),
+])
+def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
+        monkeypatch, no_tpu_env, tmp_path, prepared, runtime):
+    from pyimagesearch.platforms import tpu_runtime
+
+    monkeypatch.setattr(tpu_runtime, "prepared", prepared)
+    _fake_resolver(monkeypatch, lambda tpu: None)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
+
+    def initialize_tpu_system(resolver):  # what a v5e without PJRT answers (colabtools#5203)
+        raise tf.errors.InvalidArgumentError(
+            None, None, "No OpKernel was registered to support Op 'ConfigureDistributedTPU' "
+            "used by {{node ConfigureDistributedTPU}} with these attrs: []\nRegistered "
+            "devices: [CPU]")
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize_tpu_system)
+    with pytest.raises(UserError) as error:
+        _tpu_set_up("local", tmp_path)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("the TPU on this machine was found but could not be initialised "
+                              "(TensorFlow said: No OpKernel was registered to support Op "
+                              "'ConfigureDistributedTPU'")
+    assert f"likely causes: {runtime}; a libtpu that does not match this TensorFlow " \
+           "(pip install -r requirements-tpu.txt installs the pair); another process " \
+           "holding the chips (a second notebook, an earlier run: end it or restart the " \
+           "runtime); or use --rehearse 8" in message
+
+
 def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env, tmp_path):
     _fake_resolver(monkeypatch, lambda tpu: None)
 

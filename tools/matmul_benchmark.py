@@ -42,6 +42,11 @@ import time
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from pyimagesearch.platforms import tpu_runtime  # noqa: E402
+
+if __name__ == "__main__" and tpu_runtime.flag_value(sys.argv[1:], "--device") == "tpu":
+    tpu_runtime.prepare(sys.argv[1:])  # a TPU v5e or v6e: before TensorFlow is imported
+
 from pyimagesearch import cli  # noqa: E402
 from pyimagesearch.training.errors import UserError  # noqa: E402
 
