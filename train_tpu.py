@@ -26,14 +26,16 @@ import tensorflow as tf
 
 def main(argv=None):
     args = cli.parse_args("tpu", __doc__, argv)  # + the flags, checked
-    # fix the random seed (Python's, NumPy's and TensorFlow's) for reproducibility
+    # fix the random seed for reproducibility: config.SEED (42) seeds Python's
+    # and NumPy's generators too, not only TensorFlow's (--seed changes it)
     tf.keras.utils.set_random_seed(args.seed)
 
     # initialize the TPU and TPU strategy
     if args.rehearse:  # + N logical CPU devices stand in for the TPU's cores
-        strategy = strategies.rehearsal(args.rehearse)
-    else:
+        strategy = strategies.rehearsal(args.rehearse)  # +
+    else:  # +
         with strategies.tpu_errors(args.tpu) as find:  # + any failure: one line
+            # find: TPUClusterResolver(--tpu), given 60 s at most to answer
             tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)
             tf.config.experimental_connect_to_cluster(tpu)
             tf.tpu.experimental.initialize_tpu_system(tpu)
@@ -45,15 +47,20 @@ def main(argv=None):
     plan = cli.plan("tpu", args, strategy)  # + batch, steps and data of the flags
     run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
 
-    # get the training dataset
+    # get the training dataset: global batches of config.TPU_BATCH_SIZE
+    # (1024 images, 128 per core on the article's 8 cores)
     print("[INFO] loading the training and validation datasets...")
     trainDs = get_data(dataName=config.DATA_NAME,
         split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
-        batchSize=plan.global_batch_size, plan=plan, skip=run.start)
+        batchSize=plan.global_batch_size,  # config.TPU_BATCH_SIZE, or --batch-size
+        plan=plan, skip=run.start)  # + the data source; steps a backup holds
 
-    # get the validation dataset
+    # get the validation dataset: config.TPU_VALIDATION_STEPS (9) full batches
+    # of it, cut here (Keras would round fit's validation_steps up to whole calls)
     valDs = get_data(dataName=config.DATA_NAME,
-        split=config.VALIDATION_FLAG, batchSize=plan.global_batch_size, plan=plan)
+        split=config.VALIDATION_FLAG,
+        batchSize=plan.global_batch_size,  # config.TPU_BATCH_SIZE, or --batch-size
+        plan=plan)  # +
 
     # train the model in the scope
     with strategy.scope():
@@ -63,20 +70,22 @@ def main(argv=None):
         # Keras 3 sums the replicas' gradients and, unlike the article's
         # tf.keras 2, leaves dividing this loss to us (see loss.py)
         mseLoss = MSELoss(scale=numAcc)
-        model.compile(loss=mseLoss, optimizer=plan.optimizer(),
+        model.compile(loss=mseLoss,
+            optimizer=plan.optimizer(),  # config.OPTIMIZER (adam), or --optimizer
             steps_per_execution=plan.steps_per_execution,  # + a whole epoch per call
             jit_compile=args.jit_compile)  # + --jit-compile (refused on a TPU)
 
         # train the model
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
-            history = custom_loop(model, trainDs, valDs, plan, run)
-        else:
+            history = custom_loop(model, trainDs, valDs, plan, run)  # +
+        else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first
-            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)
-            history = model.fit(trainDs, epochs=args.epochs,
-                steps_per_epoch=plan.steps_per_epoch,
-                validation_data=valDs,
+            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)  # +
+            history = model.fit(trainDs,  # history: for the run record
+                epochs=args.epochs,  # config.EPOCHS (5), or --epochs
+                steps_per_epoch=plan.steps_per_epoch,  # config.TPU_STEPS_PER_EPOCH (58)
+                validation_data=valDs,  # cut to config.TPU_VALIDATION_STEPS above
                 initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
                 shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
 
@@ -88,7 +97,8 @@ def main(argv=None):
     predIm = model.predict(testIm, verbose=0)
     record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
 
-    # create subplots
+    # create subplots: a Figure of its own, not pyplot's (no window, no
+    # global state), 8 rows; the title says which run it shows
     fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
     fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}")
 
@@ -106,13 +116,13 @@ def main(argv=None):
         ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
         ax[1].set_title("Predicted Image")
 
-    # save the figure, with the run record and the model beside it (+): the
-    # three replace earlier outputs together, once all are written
+    # save the figure to config.TPU_IMG_PATH (or --output-dir), with the run
+    # record and the model beside it: the three replace earlier ones together
     print("[INFO] saving the predicted images...")
-    with outputs.RunOutputs(plan, run, record) as staged:
-        fig.savefig(staged.path("png"), dpi=80)
+    with outputs.RunOutputs(plan, run, record) as staged:  # + all three or none
+        fig.savefig(staged.path("png"), dpi=80)  # dpi 80: a 320x1280 figure
         model.save(staged.path("keras"))  # +
 
 
 if __name__ == "__main__":
-    cli.run_main(main)
+    cli.run_main(main)  # + a wrong flag, a lost peer or a signal: one line, an exit status

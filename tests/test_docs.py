@@ -638,24 +638,39 @@ def test_every_relative_link_resolves():
 
 # the article's lines as the README's table names them -> what this train_tpu.py's
 # lines, as the same row names them, must hold
+# what the lines this repository's file holds must contain, for each range
+# of the article's listings that the README's map names
 LISTING_STEPS = {
-    "lines 5-6": ["set_random_seed("],
-    "lines 9-19": ["from pyimagesearch.data import get_data", "import tensorflow as tf"],
-    "lines 22-25": ["TPUClusterResolver", "experimental_connect_to_cluster(",
-                    "initialize_tpu_system(", "TPUStrategy("],
-    "lines 27-28": ["numAcc = strategy.num_replicas_in_sync"],
-    "lines 32-39": ["trainDs = get_data(", "valDs = get_data("],
-    "lines 42-54": ["strategy.scope()", "AutoEncoder()", "MSELoss(scale=numAcc)",
-                    ".compile(", ".fit("],
-    "lines 57-59": [".predict("],
-    "lines 62-73": [".subplots(", "Input Image", "Predicted Image"],
-    "lines 77-82": [".savefig("],
+    ("autoencoder.py", "2-6"): ["import keras", "from keras import layers"],
+    ("autoencoder.py", "12-17"): ["self.encoder", "Conv2D(16", "Conv2D(8"],
+    ("autoencoder.py", "20-26"): ["self.decoder", "Conv2DTranspose(8", "Conv2DTranspose(16",
+                                  "Conv2D(1"],
+    ("autoencoder.py", "28-35"): ["def call(", "self.decoder(self.encoder(x))"],
+    ("loss.py", "2-4"): ["import keras", "import tensorflow as tf"],
+    ("loss.py", "6-22"): ["class MSELoss", "self.scale = scale", "def __call__",
+                          "1.0 / self.scale"],
+    ("train_tpu.py", "5-6"): ["import tensorflow as tf", "set_random_seed("],
+    ("train_tpu.py", "9-19"): ["from pyimagesearch.data import get_data",
+                               "import tensorflow as tf", "tpu_runtime.prepare("],
+    ("train_tpu.py", "22-25"): ["TPUClusterResolver", "experimental_connect_to_cluster(",
+                                "initialize_tpu_system(", "TPUStrategy("],
+    ("train_tpu.py", "27-28"): ["numAcc = strategy.num_replicas_in_sync"],
+    ("train_tpu.py", "32-39"): ["trainDs = get_data(", "valDs = get_data(",
+                                "config.TPU_BATCH_SIZE", "config.TPU_VALIDATION_STEPS"],
+    ("train_tpu.py", "42-54"): ["strategy.scope()", "AutoEncoder()", "MSELoss(scale=numAcc)",
+                                ".compile(", ".fit(", "config.OPTIMIZER", "config.EPOCHS",
+                                "config.TPU_STEPS_PER_EPOCH"],
+    ("train_tpu.py", "57-59"): [".predict("],
+    ("train_tpu.py", "62-73"): [".subplots(", "Input Image", "Predicted Image"],
+    ("train_tpu.py", "77-82"): [".savefig("],
 }
+HOME = {"autoencoder.py": "pyimagesearch/autoencoder.py", "loss.py": "pyimagesearch/loss.py",
+        "train_tpu.py": "train_tpu.py"}
 
 
-def _script_lines(cell):
-    """The lines of train_tpu.py that a README cell names ("line 18, and lines 23-24")."""
-    script = (REPO / "train_tpu.py").read_text().splitlines()
+def _script_lines(cell, name="train_tpu.py"):
+    """The lines of a file that a README cell names ("line 18, and lines 23-24")."""
+    script = (REPO / name).read_text().splitlines()
     picked = []
     for first, last in re.findall(r"lines? (\d+)(?:-(\d+))?", cell):
         picked += script[int(first) - 1:int(last or first)]
@@ -663,17 +678,25 @@ def _script_lines(cell):
 
 
 def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
-    rows = {row.split(" | ")[0][2:].split(":")[0]: row.split(" | ")[1]
-            for row in table_rows(README.read_text()) if row.startswith("| lines ")}
+    section = README.read_text().split("## A tale of comparison", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for row in table_rows(section):
+        match = re.match(r"\| `(\w+\.py)` (\d+-\d+): .*? \| (.*) \|$", row)
+        if match:
+            rows[match[1], match[2]] = match[3]
     assert set(rows) == set(LISTING_STEPS)
-    for article, steps in LISTING_STEPS.items():
-        held = _script_lines(rows[article])
+    for (article, lines), steps in LISTING_STEPS.items():
+        held = _script_lines(rows[article, lines], HOME[article])
         missing = [step for step in steps if step not in held]
-        assert missing == [], f"{article}: {rows[article]!r} does not hold {missing}"
+        assert missing == [], f"{article} {lines}: {rows[article, lines]!r} does not hold {missing}"
+        # the first row of each file names it
+    for article, home in HOME.items():
+        first = next(cell for (name, _), cell in rows.items() if name == article)
+        assert first.startswith(f"`{home}` line"), first
     # the listings table points into the script too
     readme = _flat(README.read_text())
-    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 65" in readme
-    assert "MSELoss(scale=numAcc)" in _script_lines("line 65")
-    assert "(`train_tpu.py` lines 83-107)" in readme
-    assert ".predict(" in _script_lines("lines 83-107") and "imshow" in _script_lines(
-        "lines 83-107")
+    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 72" in readme
+    assert "MSELoss(scale=numAcc)" in _script_lines("line 72")
+    assert "(`train_tpu.py` lines 92-117)" in readme
+    assert ".predict(" in _script_lines("lines 92-117") and "imshow" in _script_lines(
+        "lines 92-117")
