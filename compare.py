@@ -168,29 +168,17 @@ def run_label(record):
     return lines
 
 
-def _bar_label(record):
+def _legend_label(record):
     """run_label on two lines: the device, then batch, steps and learning rate."""
     first, *rest = run_label(record)
     return f"{first}\n{', '.join(rest)}"
 
 
-def machine_note(records):
-    """'all on one 2-core CPU (AMD EPYC)' when every run shares one CPU, else ''."""
-    machines = {(r.get("machine", {}).get("cpu_model"), r.get("machine", {}).get("cpu_count"))
-                for r in records}
-    on_cpu = all(r["device"] == "cpu" or r.get("rehearsal") for r in records)
-    if len(machines) != 1 or not on_cpu:
-        return ""
-    ((model, cores),) = machines
-    if model is None or cores is None:
-        return ""
-    return f"all on one {cores}-core CPU ({model})"
-
-
 def comparison_figure(runs, source):
-    """Input digits and each model's reconstruction in columns, plus epoch times."""
+    """Input digits and each model's reconstruction in columns, plus each run's val_loss."""
     import numpy as np
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     from pyimagesearch.data import figure_digits
     from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
@@ -214,7 +202,7 @@ def comparison_figure(runs, source):
     except UserError as error:  # its advice names the training scripts' flag
         raise UserError(str(error).replace("--data-source sample",
                                            "--digits-from sample")) from error
-    digits = figure_digits(resolved.images(config.VALIDATION_FLAG))
+    digits = figure_digits(resolved.examples(config.VALIDATION_FLAG))
 
     predicted = {}
     for name, model in models.items():
@@ -246,23 +234,24 @@ def comparison_figure(runs, source):
                 lines = run_label(records[name]) + [
                     f"val_loss {records[name]['val_loss'][-1]:.4f}"]
                 axis.set_title("\n".join(lines), fontsize=LABEL_POINTS)
-    bars = figure.add_subplot(grid[:, columns:])
-    stems = list(records)
-    later = [later_mean(records[s]["epoch_seconds"]) for s in stems]
-    first = [records[s]["epoch_seconds"][0] for s in stems]
-    positions = np.arange(len(stems))
-    bars.barh(positions - 0.2, first, height=0.4, label="epoch 1")
-    bars.barh(positions + 0.2, later, height=0.4, label="later epochs (mean)")
-    bars.set_yticks(positions, [_bar_label(records[s]) for s in stems],
-                    fontsize=LABEL_POINTS)
-    bars.invert_yaxis()
-    bars.set_xlabel("seconds per epoch (with validation)", fontsize=LABEL_POINTS)
-    bars.tick_params(axis="x", labelsize=LABEL_POINTS)
-    note = machine_note(records.values())
-    bars.set_title("epoch times" + (f", {note}" if note else ""), fontsize=LABEL_POINTS)
-    bars.legend(fontsize=LABEL_POINTS)
-    figure.suptitle(f"reconstructions of the same 8 {source} validation digits, "
-                    "and epoch times", fontsize=LABEL_POINTS + 3)
+    # what these runs compare on is how their validation loss falls: their
+    # seconds are those of whatever ran them (rehearsals: one shared CPU)
+    curves = figure.add_subplot(grid[:, columns:])
+    for stem, record in records.items():
+        epochs = range(1, len(record["val_loss"]) + 1)
+        curves.plot(epochs, record["val_loss"], marker="o", label=_legend_label(record))
+    curves.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:.4g}")  # 0.0013, not 1.3 x 10^-3
+    curves.yaxis.set_major_formatter(plain)
+    curves.yaxis.set_minor_formatter(plain)
+    curves.xaxis.set_major_locator(MaxNLocator(integer=True))
+    curves.set_xlabel("epoch", fontsize=LABEL_POINTS)
+    curves.set_ylabel("val_loss (log scale)", fontsize=LABEL_POINTS)
+    curves.tick_params(labelsize=LABEL_POINTS)
+    curves.set_title("validation loss per epoch", fontsize=LABEL_POINTS)
+    curves.legend(fontsize=LABEL_POINTS - 2)
+    figure.suptitle(f"the same 8 {source} validation digits reconstructed by each run,\n"
+                    "and its validation loss per epoch", fontsize=LABEL_POINTS + 3)
     return figure
 
 

@@ -84,18 +84,20 @@ def main(argv=None):
                 initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
                 shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
 
-    # grab digits from the validation set and run inference: 8 spread over
-    # the split, the same for every run (the article takes valDs' first
-    # batch), repeated until every replica has some to predict
+    # grab 8 different digits from the validation set (the article takes valDs'
+    # first batch), the same for every run, repeated so every replica has some,
+    # and predict them in one batch (Keras' default of 32 starves replicas past 32)
     print("[INFO] evaluating the model...")
-    testIm = figure_digits(plan.source.images(config.VALIDATION_FLAG), numAcc)
-    predIm = model.predict(testIm, verbose=0)
+    testIm = figure_digits(plan.source.examples(config.VALIDATION_FLAG), numAcc)
+    predIm = model.predict(testIm, batch_size=len(testIm), verbose=0)
     record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
 
     # create subplots: a Figure of its own, not pyplot's (no window, no
     # global state), 8 rows; the title says which run it shows
     fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
-    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}")
+    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}\n"
+        f"batch {plan.global_batch_size}, {plan.steps_per_epoch} steps/epoch, "
+        f"lr {plan.learning_rate:g}", fontsize="medium")
 
     # iterate over the subplots and fill with test and predicted images, in
     # their true grey levels (array_to_img would stretch each one's contrast)

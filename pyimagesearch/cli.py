@@ -323,7 +323,7 @@ def callbacks(plan):
     from pyimagesearch.training.callbacks import make_callbacks
 
     run_callbacks = make_callbacks(plan, figure_digits(
-        plan.source.images(config.VALIDATION_FLAG)))
+        plan.source.examples(config.VALIDATION_FLAG)))
     run_callbacks.resume(plan.cluster)
     return run_callbacks
 

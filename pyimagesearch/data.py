@@ -70,14 +70,21 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
     return dataset.with_options(options)
 
 
-def figure_digits(images, replicas=1, count=config.NUM_FIGURE_DIGITS):
-    """`count` images evenly spaced through a split, as floats in [0, 1].
+def figure_digits(examples, replicas=1, count=config.NUM_FIGURE_DIGITS):
+    """`count` digits of different classes from a split's (images, labels), as floats in [0, 1].
 
-    The same digits for every run on the same split, so that figures
-    compare. They are repeated up to a multiple of `replicas` (at least
-    `count`): Keras' predict splits a batch between the replicas, and one
-    left with no image fails.
+    The first image of each of the split's first `count` classes (0 to 7 on
+    MNIST and the sample), so every figure of every run shows the same 8
+    different digits; a split with fewer classes fills up with images spaced
+    evenly through it. They are repeated up to a multiple of `replicas` (at
+    least `count`): Keras' predict splits a batch between the replicas, and
+    one left with no image fails.
     """
-    picks = np.linspace(0, len(images) - 1, count).astype(int)
-    total = -(-count // replicas) * replicas  # the next multiple of replicas
+    images, labels = examples
+    labels = np.asarray(labels)
+    picks = [int(np.flatnonzero(labels == digit)[0]) for digit in np.unique(labels)[:count]]
+    for spread in np.linspace(0, len(images) - 1, count).astype(int):
+        if len(picks) < count and int(spread) not in picks:
+            picks.append(int(spread))
+    total = -(-len(picks) // replicas) * replicas  # the next multiple of replicas
     return images[np.resize(picks, total)].astype(np.float32) / 255.0

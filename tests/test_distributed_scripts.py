@@ -1,6 +1,8 @@
 """train_gpu.py and train_tpu.py: rehearsals on logical CPUs, and fast failure without hardware."""
 import json
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -169,3 +171,17 @@ def test_config_edits_change_the_tpu_run(tmp_path, monkeypatch):
     # a flag still overrides the config
     args = cli.build_parser("tpu", "").parse_args(["--steps-per-epoch", "5"])
     assert plan_run("tpu", Settings.from_args(args), replicas=4).steps_per_epoch == 5
+
+
+@pytest.mark.slow
+def test_more_than_32_replicas_predict_their_digits_and_write_every_output(repo, tmp_path):
+    # 5 machines of 8 GPUs: Keras' default predict batch of 32 left replicas
+    # without an image, and the run failed after training, writing nothing
+    result = subprocess.run(
+        [sys.executable, "train_gpu.py", "--rehearse", "40", "--epochs", "1",
+         "--steps-per-epoch", "1", "--batch-size", "1", "--data-source", "sample",
+         "--output-dir", str(tmp_path)], cwd=repo, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[INFO] number of accelerators: 40" in result.stdout
+    for suffix in ("png", "json", "keras"):
+        assert (tmp_path / f"gpu_rehearsal.{suffix}").is_file()

@@ -346,11 +346,11 @@ QUOTES += [
     # docs/machine.md
     Quote("docs/machine.md", "| CPU (`/proc/cpuinfo` model name) | `{amd}` | `{intel}` (family "
           "{family}, model {model};", {
-              "amd": Figure("cpu.json", ("machine", "cpu_model")),
+              "amd": Figure("quick_start/cpu.json", ("machine", "cpu_model")),
               "intel": Figure(INTEL, ("cpu_model",)),
               "family": Figure(INTEL, ("cpu_family",)), "model": Figure(INTEL, ("model",))}),
     Quote("docs/machine.md", "| CPUs usable | {amd} | {intel} ({cores} cores, {ghz} GHz", {
-        "amd": Figure("cpu.json", ("machine", "cpu_count")),
+        "amd": Figure("quick_start/cpu.json", ("machine", "cpu_count")),
         "intel": Figure(INTEL, ("vcpus_usable",)), "cores": Figure(INTEL, ("cores",)),
         "ghz": Computed(INTEL, lambda r: r["cpu_mhz_reported"] / 1000, "{:.1f}")}),
     Quote("docs/machine.md", "| memory | not recorded | {gib} GiB |",
@@ -371,7 +371,7 @@ QUOTES += [
               "first": Figure(MW, ("epoch_seconds", 0), "{:.1f}"),
               "later": Figure(MW, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
     Quote("docs/distributed-training.md",
-          "in one process (Table 1's `gpu_rehearsal`, on the AMD machine) reached "
+          "in one process (Table 1's `gpu_rehearsal`) reached "
           "{v0}, {v1}, {v2}, {v3}, {v4}", {f"v{i}": _val("gpu_rehearsal.json", i)
                                            for i in range(5)}),
     # docs/fault-tolerance-and-tensorboard.md
@@ -697,6 +697,6 @@ def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
     readme = _flat(README.read_text())
     assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 72" in readme
     assert "MSELoss(scale=numAcc)" in _script_lines("line 72")
-    assert "(`train_tpu.py` lines 92-117)" in readme
-    assert ".predict(" in _script_lines("lines 92-117") and "imshow" in _script_lines(
-        "lines 92-117")
+    assert "(`train_tpu.py` lines 92-119)" in readme
+    assert ".predict(" in _script_lines("lines 92-119") and "imshow" in _script_lines(
+        "lines 92-119")

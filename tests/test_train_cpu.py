@@ -208,3 +208,54 @@ def test_the_figure_shows_the_inputs_left_and_the_predictions_right(tmp_path, mo
     dark = 0.1  # MNIST's background is 0: black in the figure
     assert (left < dark).mean() > 0.3  # the input digits, mostly background
     assert (right < dark).mean() < 0.05  # white predictions; titles and frames only
+
+
+def _sample_validation():
+    return sources.SampleSource().examples("test")
+
+
+def test_the_figure_shows_eight_different_digits_the_same_for_every_run():
+    from pyimagesearch.data import figure_digits
+
+    images, labels = _sample_validation()
+    digits = figure_digits((images, labels))
+    picked = [int(np.flatnonzero((images.astype(np.float32) / 255.0 == d).all(axis=(1, 2, 3)))[0])
+              for d in digits]
+    assert [int(labels[i]) for i in picked] == list(range(8))  # 0 to 7, each once
+    # repeated to a multiple of the replicas, up to 40 (5 machines of 8 GPUs)
+    for replicas in (1, 3, 8, 40):
+        many = figure_digits((images, labels), replicas)
+        assert len(many) % replicas == 0 and len(many) >= 8
+        assert np.array_equal(many[:8], digits)
+
+
+def test_a_split_with_fewer_classes_fills_up_with_digits_spread_over_it():
+    from pyimagesearch.data import figure_digits
+
+    images = np.arange(10 * 28 * 28, dtype=np.uint8).reshape(10, 28, 28, 1)
+    digits = figure_digits((images, np.array([3] * 5 + [1] * 5)))
+    assert len(digits) == 8
+    assert len({d.tobytes() for d in digits}) == 8  # no image twice
+
+
+def test_the_left_column_shows_the_digits_in_their_grey_levels(tmp_path, monkeypatch):
+    # a mutation that handed the figure its digits unscaled (0-255 instead
+    # of 0-1) still drew white digits; here every panel's pixels and scale
+    # are compared with the digits the run was meant to show
+    import matplotlib.axes
+
+    shown, imshow = [], matplotlib.axes.Axes.imshow
+
+    def recording(self, data, *args, **kwargs):
+        image = imshow(self, data, *args, **kwargs)
+        shown.append((np.asarray(data), image.norm.vmin, image.norm.vmax))
+        return image
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", recording)
+    train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
+    images, labels = _sample_validation()  # the first 0, 1, ..., 7 of the split, in [0, 1]
+    expected = [images[np.flatnonzero(labels == digit)[0]] / 255.0 for digit in range(8)]
+    assert len(shown) == 16  # each row: the input (left), then the prediction
+    for (pixels, vmin, vmax), digit in zip(shown[0::2], expected):
+        assert (vmin, vmax) == (0, 1)
+        np.testing.assert_allclose(pixels, digit[..., 0], rtol=0, atol=1e-6)
