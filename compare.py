@@ -61,6 +61,9 @@ def load_records(folder):
         if not name.endswith(".json") or name.startswith("."):
             continue
         path = os.path.join(folder, name)
+        if not os.path.isfile(path):  # a FIFO or a device would block the read for ever
+            print(f"skipping {path}: not a regular file", file=sys.stderr)
+            continue
         try:
             with open(path) as handle:
                 record = json.load(handle)

@@ -457,6 +457,50 @@ def _on_disk():
     return "earlier outputs are untouched"
 
 
+class _OutputThatOutlivesItsReader:
+    """sys.stdout, but once its reader has gone (`| head -c 1`) it writes to /dev/null.
+
+    Python ignores SIGPIPE, so a closed pipe is a BrokenPipeError at the next
+    print: a traceback, and a run lost after its training. Unix tools stop
+    quietly there; a training run keeps training, saying nothing more, and
+    still writes its outputs.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
+def _is_pipe(stream):
+    """True if `stream` writes to a pipe (whose reader may close it early)."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # pytest's capture, a closed stream
+        return False
+
+
 def run_main(main, argv=None):
     """Call main(argv); a UserError becomes one stderr line and its exit status.
 
@@ -468,6 +512,8 @@ def run_main(main, argv=None):
     from pyimagesearch.training import preemption
 
     preemption.watch(fresh=True)
+    if not isinstance(sys.stdout, _OutputThatOutlivesItsReader) and _is_pipe(sys.stdout):
+        sys.stdout = _OutputThatOutlivesItsReader(sys.stdout)
     default_hook = sys.unraisablehook
     sys.unraisablehook = _kept_for_later(default_hook)
     try:

@@ -1,5 +1,6 @@
 """compare.py on records of tiny real runs: Table 1, the figure, bad records."""
 import json
+import os
 import shutil
 
 
@@ -36,3 +37,17 @@ def test_compare_without_records_is_one_line(in_process, tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no run records" in lines[0], result.stderr
+
+
+def test_a_record_that_is_a_fifo_is_skipped_not_waited_on(tmp_path, capsys):
+    import threading
+
+    os.mkfifo(tmp_path / "cpu.json")  # opening it to read would wait for a writer for ever
+    found = {}
+    reader = threading.Thread(target=lambda: found.update(compare.load_records(tmp_path)),
+                              daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "compare.py waited on a FIFO"
+    assert found == {}
+    assert f"skipping {tmp_path / 'cpu.json'}: not a regular file" in capsys.readouterr().err

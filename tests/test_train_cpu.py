@@ -259,3 +259,19 @@ def test_the_left_column_shows_the_digits_in_their_grey_levels(tmp_path, monkeyp
     for (pixels, vmin, vmax), digit in zip(shown[0::2], expected):
         assert (vmin, vmax) == (0, 1)
         np.testing.assert_allclose(pixels, digit[..., 0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
+    # `python train_cpu.py | head -c 1`: the run goes on without printing,
+    # and writes its outputs; no BrokenPipeError traceback
+    process = subprocess.Popen(
+        [sys.executable, "train_cpu.py", *TINY, "--output-dir", str(tmp_path)], cwd=repo,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.read(1)
+    process.stdout.close()  # the reader is gone
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+    for suffix in ("png", "json", "keras"):
+        assert (tmp_path / f"cpu.{suffix}").is_file()
