@@ -428,24 +428,33 @@ def check_output_dir(path):
 _process = {"cluster": None, "dropped": None}  # parse_args' cluster; a signal Python dropped
 
 
-def _disk_full(error):
-    """The one line for a write that found its disk full (a log, a file of TensorFlow's); else None.
+def _write_refused(error):
+    """The one line for a write the system refused (a full disk, a size limit, ...); else None.
 
     The backup, the outputs and their scratch copies say so in lines of their
     own; this catches the rest, such as TensorBoard's event files, naming
-    the file TensorFlow could not write.
+    the file TensorFlow could not write. TensorFlow's own errors carry the
+    system's words in their message, not an errno.
     """
     import errno
 
+    refusals = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
+                errno.EFBIG: "File too large", errno.EROFS: "Read-only file system",
+                errno.EIO: "Input/output error"}
     message = str(getattr(error, "message", error))
-    full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or \
-        "No space left on device" in message
-    if not full:
+    code = getattr(error, "errno", None) if isinstance(error, OSError) else None
+    if code not in refusals:  # by their words, but not EIO's: reads fail with it too
+        code = next((known for known, words in refusals.items()
+                     if known != errno.EIO and words in message), None)
+    if code is None:
         return None
     where = re.search(r"(?:[a-z]+://|/)[^\s;:{}]+", re.sub(r"\{\{[^}]*\}\}", "", message))
     name = getattr(error, "filename", None) or (where[0] if where else "a folder it writes")
-    return UserError(f"no space left on the device of {name}; free some space there, or give "
-                     f"another folder; {_on_disk()}")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"no space left on the device of {name}; free some space there, or "
+                         f"give another folder; {_on_disk()}")
+    return UserError(f"the system refused to write {name} ({refusals[code]}); lift the limit "
+                     f"or give another folder; {_on_disk()}")
 
 
 def _on_disk():
@@ -559,7 +568,7 @@ def _run(main, argv):
             # the handler's exception, wrapped by whatever caught it (tf.function's
             # input binding makes it a TypeError)
             raise Preempted(preemption.STOPPED) from error
-        stopped = peer_lost(_process["cluster"], error) or _disk_full(error)
+        stopped = peer_lost(_process["cluster"], error) or _write_refused(error)
         if stopped is None:
             raise
         raise stopped from error

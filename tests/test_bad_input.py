@@ -3,10 +3,14 @@
 Each case must end in one clear line (a UserError, which the scripts print
 as one line with exit status 2) and leave earlier outputs and backups alone.
 """
+import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
+import tensorflow as tf
 
 import train_cpu
 import train_gpu
@@ -757,3 +761,50 @@ def test_a_backup_past_the_epochs_asked_for_says_what_it_holds(tmp_path, monkeyp
     with pytest.raises(UserError, match=r"has 51 steps done \(1 epoch and 17 steps\), more "
                                         r"than the 34 of --epochs 1"):
         train_cpu.main(args)
+
+
+@pytest.mark.parametrize("error, line", [
+    (OSError(errno.EFBIG, "File too large", "/logs/cpu/events.out"),
+     "the system refused to write /logs/cpu/events.out (File too large)"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/cpu.png"),
+     "the system refused to write /ro/cpu.png (Read-only file system)"),
+    (OSError(errno.EIO, "Input/output error", "/mnt/usb/cpu.keras"),
+     "the system refused to write /mnt/usb/cpu.keras (Input/output error)"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "/home/me/logs"),
+     "no space left on the device of /home/me/logs"),
+    (tf.errors.OutOfRangeError(None, None, "/tmp/logs/cpu/train/events.out.tfevents.1; File "
+                                           "too large"),
+     "the system refused to write /tmp/logs/cpu/train/events.out.tfevents.1 (File too large)"),
+])
+def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
+    from pyimagesearch.training import publish
+
+    monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
+    said = cli._write_refused(error)
+    assert said is not None and str(said).startswith(line), said
+    assert str(said).endswith("earlier outputs are untouched") and "\n" not in str(said)
+
+
+def test_a_read_that_fails_with_eio_is_not_called_a_refused_write():
+    assert cli._write_refused(tf.errors.DataLossError(None, None, "Input/output error")) is None
+    assert cli._write_refused(ValueError("something else")) is None
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_ends_the_run_in_one_line(repo, tmp_path):
+    # EFBIG: what a ulimit -f, or a file system's own limit, answers
+    import resource
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    result = subprocess.run(
+        [sys.executable, "train_cpu.py", "--epochs", "1", "--steps-per-epoch", "2",
+         "--data-source", "sample", "--logdir", str(tmp_path / "logs"),
+         "--output-dir", str(tmp_path / "out")],
+        cwd=repo, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "File too large" in lines[-1] and lines[-1].startswith("train_cpu.py: error: "), lines
+    assert not (tmp_path / "out" / "cpu.png").exists()
