@@ -99,6 +99,17 @@ def test_gpu_global_batch_grows_with_the_replicas():
     assert plan_run("gpu", Settings.from_args(args), replicas=2).global_batch_size == 256
 
 
+@pytest.mark.parametrize("device, replicas, flags, steps", [
+    ("gpu", 2, [], 234), ("gpu", 8, [], 58), ("gpu", 3, ["--batch-size", "100"], 200),
+    ("cpu", 1, [], 468), ("tpu", 8, ["--batch-size", "512"], 117), ("tpu", 1, [], 58),
+])
+def test_steps_per_epoch_come_from_the_global_batch(device, replicas, flags, steps):
+    # an epoch is the article's 60,000 images in global batches (a mutation that
+    # divided by the per-replica batch passed every default test before this one)
+    args = cli.build_parser(device, "").parse_args(flags)
+    assert plan_run(device, Settings.from_args(args), replicas=replicas).steps_per_epoch == steps
+
+
 def test_tpu_batch_must_split_evenly():
     args = cli.build_parser("tpu", "").parse_args(["--batch-size", "1020"])
     with pytest.raises(UserError, match="does not split evenly"):
