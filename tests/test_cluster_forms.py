@@ -182,7 +182,7 @@ def test_workers_that_disagree_on_the_preemption_handler_all_stop_with_one_line(
     assert not (tmp_path / "gpu_rehearsal.json").exists()
 
 
-# slow: the default run keeps the disagreement on the preemption handler, above
+# slow; the default suite checks the agreement with a stand-in store (test_multi_worker.py)
 @pytest.mark.parametrize("difference, named", [
     pytest.param(["--epochs", "2"], "epochs is 1 on chief 0 but 2 on worker 0",
                  marks=pytest.mark.slow),

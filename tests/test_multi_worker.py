@@ -272,3 +272,41 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
     one = _weights(tmp_path / "one" / "gpu_rehearsal.keras")
     for a, b in zip(one, _weights(tmp_path / "out" / "gpu_rehearsal.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+class _StandInStore:
+    """The coordination service's key-value store, as check_workers_agree uses it."""
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def set_config_key_value(self, key, value):
+        self.values[key] = value
+
+    def get_config_key_value(self, key, timeout_in_ms=None):
+        return self.values[key]
+
+
+@pytest.mark.parametrize("theirs, named", [
+    ({"epochs": 2, "devices per worker": 1}, "epochs is 1 on chief 0 but 2 on worker 0"),
+    ({"epochs": 1, "devices per worker": 2}, "devices per worker is 1 on chief 0 but 2 on "
+                                             "worker 0"),
+    ({"epochs": 1}, "devices per worker is 1 on chief 0 but None on worker 0"),
+])
+def test_workers_whose_facts_differ_are_stopped_with_one_line(monkeypatch, theirs, named):
+    # the agreement check fed facts that differ, without starting a cluster (a
+    # mutation that compared nothing passed every default test before this one)
+    from tensorflow.python.eager import context
+
+    from pyimagesearch.training.cluster import check_workers_agree
+
+    cluster = read_tf_config(_config({"chief": ["a:1"], "worker": ["b:2"]},
+                                     {"type": "chief", "index": 0}))
+    store = _StandInStore({"pyimagesearch/run/worker:0": json.dumps(theirs)})
+    monkeypatch.setattr(context, "context", lambda: store)
+    mine = {"epochs": 1, "devices per worker": 1}
+    with pytest.raises(UserError, match=f"^the workers disagree: {named}; start every worker"):
+        check_workers_agree(cluster, mine)
+    assert json.loads(store.values["pyimagesearch/run/chief:0"]) == mine
+    store.values["pyimagesearch/run/worker:0"] = json.dumps(mine)
+    check_workers_agree(cluster, mine)  # alike: nothing to say
