@@ -26,6 +26,7 @@ import threading
 import tensorflow as tf
 
 from pyimagesearch.platforms import tpu_runtime
+from pyimagesearch.platforms.host import detect
 from pyimagesearch.training.cluster import (answers, collective_communication,
                                             gave_up_waiting, missing_peers, wait_for_peers)
 from pyimagesearch.training.errors import UserError, first_line
@@ -219,8 +220,12 @@ def _find_tpu(resolver, tpu):
     found = outcome["resolver"]
     address = found.master()
     if address.startswith("grpc://") and not answers(address[len("grpc://"):], timeout_s=10):
-        raise UserError(f"nothing answers at {address}, where the TPU should be; check "
-                        f"its address, or {_REHEARSE_TPU}")
+        # a TPU_NAME that names a TPU VM itself resolves to its own :8470, where
+        # only a TPU Node listens: on the VM, its chips are local devices
+        here = "this machine has TPU chips: " if detect().tpu_chips else ""
+        raise UserError(f"nothing answers at {address}, where the TPU should be; "
+                        f"{here}on a TPU VM pass --tpu local, else check its address, "
+                        f"or {_REHEARSE_TPU}")
     return found
 
 

