@@ -808,3 +808,18 @@ def test_a_file_size_limit_ends_the_run_in_one_line(repo, tmp_path):
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "File too large" in lines[-1] and lines[-1].startswith("train_cpu.py: error: "), lines
     assert not (tmp_path / "out" / "cpu.png").exists()
+
+
+def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
+    # a dataset_info.json that parses but lists no split: tfds.load raised
+    # KeyError ("`splits` is empty") from inside, a traceback
+    info = tmp_path / "tfds" / "mnist" / "3.0.1" / "dataset_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"name": "mnist", "version": "3.0.1", "splits": []}))
+    with pytest.raises(UserError, match=r"^the prepared mnist in .*tfds has no readable train "
+                                        r"split \(Trying to access `splits\['train'\]` but "
+                                        r"`splits` is empty.*\); delete its mnist folder"):
+        train_cpu.main(["--data-source", "tfds", "--data-dir", str(tmp_path / "tfds"),
+                        "--epochs", "1", "--steps-per-epoch", "1",
+                        "--output-dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "cpu.png").exists()

@@ -316,6 +316,13 @@ def _tfds_examples(data_name, split, data_dir):
         # a corrupt or unreadable file, a failed download, a read-only dir
         raise UserError(f"cannot read {data_name}/{split} from "
                         f"{data_dir or 'the tfds data dir'}: {first_line(error)}") from error
+    except (KeyError, ValueError) as error:
+        # a dataset_info.json that parses but describes no such split
+        # (tfds: "`splits` is empty"): prepared wrongly, or cut short
+        raise UserError(f"the prepared {data_name} in {data_dir or 'the tfds data dir'} "
+                        f"has no readable {split} split ({first_line(error).strip(chr(34))}); "
+                        f"delete its {data_name} folder and prepare it again "
+                        "(tools/prepare_mnist.py), or use --data-source sample") from error
     if not batches:
         raise UserError(f"{data_name}/{split} in {data_dir} is empty")
     return (np.concatenate([images for images, _ in batches]),
