@@ -259,6 +259,16 @@ def test_a_port_in_use_is_one_line():
         wait_for_peers(_lonely(port, peer), 0.3)
 
 
+def test_a_port_held_on_another_loopback_address_is_one_line():
+    # TensorFlow's server listens on every address: a process holding the port
+    # on 127.0.0.2 stopped it with "Could not start gRPC server", a traceback
+    port, peer = _free_ports(2)
+    with socket.create_server(("127.0.0.2", port)), pytest.raises(
+            UserError, match=rf"chief 0 cannot listen on port {port}, its TF_CONFIG address "
+                             rf"127.0.0.1:{port} \(Address already in use\); another process"):
+        wait_for_peers(_lonely(port, peer), 0.3)
+
+
 @pytest.mark.parametrize("sig, status, said", [
     (signal.SIGTERM, 143, "stopped by SIGTERM"),
     pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow)])

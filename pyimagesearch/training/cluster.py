@@ -170,16 +170,18 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     host, port = _host_port(cluster.address)
     try:
         if _is_loopback(host):  # a cluster on one machine: reachable from it alone
+            # TensorFlow's server will listen on every address: a process that
+            # holds the port on another one (127.0.0.2) would stop it, so try
+            # that first, and let it go at once
+            _listen_everywhere(port).close()
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             here = socket.create_server((host, port), family=family)
-        elif socket.has_dualstack_ipv6():
-            here = socket.create_server(("", port), family=socket.AF_INET6,
-                                        dualstack_ipv6=True)
         else:
-            here = socket.create_server(("", port))
+            here = _listen_everywhere(port)
     except OSError as error:
+        why = os.strerror(error.errno) if error.errno else error  # create_server adds more
         raise UserError(f"{cluster.name} cannot listen on port {port}, its TF_CONFIG "
-                        f"address {cluster.address} ({error.strerror or error}); another "
+                        f"address {cluster.address} ({why}); another "
                         "process uses it: stop that one, or give this task another port")
     deadline = time.monotonic() + timeout_s
     waiting, told = dict(cluster.peers), False
@@ -200,6 +202,13 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
             time.sleep(poll_s)  # SIGTERM and Ctrl-C act here
     finally:
         here.close()
+
+
+def _listen_everywhere(port):
+    """A socket listening on `port` of every address, IPv6 too where it can, as TensorFlow's."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
 
 
 def _is_loopback(host):
