@@ -147,6 +147,12 @@ def _name_a_missing_checkpoint(backup):
     (_name_a_missing_checkpoint, "ckpt-999, which its state file names, is missing"),
     (lambda b: (b / "history.json").write_text('{"loss": "x", "val_loss": 3}'),
      "does not hold a backup's losses"),
+    # a history short of the checkpoint's epochs resumed, and its record held
+    # fewer losses than epochs, silently
+    (lambda b: (b / "history.json").write_text('{"loss": [], "val_loss": []}'),
+     "holds the loss of 0 epochs, but the backup's checkpoint has 1 epoch done"),
+    (lambda b: (b / "history.json").unlink(),
+     "holds the loss of 0 epochs, but the backup's checkpoint has 1 epoch done"),
     (lambda b: (b / "run.json").write_text("[1, 2]"), "does not describe a run"),
 ])
 def test_a_broken_backup_is_one_line_and_left_in_place(left_backup, damage, complaint,

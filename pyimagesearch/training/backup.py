@@ -98,13 +98,8 @@ class Backup(keras.callbacks.Callback):
                             topic="backup")
         if refusal:
             raise UserError(refusal)
-        if self.is_chief:
-            tf.io.gfile.makedirs(self.folder)
-            take_lock(self.folder)  # a second run on the same folder stops here
-            write_json(join(self.folder, RUN), self.run)
         # global steps trained, saved with the weights: counted on across both
         # calls to fit of a run resumed mid-epoch
-        self.start_step = self._trained = step
         epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
         if not (isinstance(history, dict) and all(
@@ -113,6 +108,12 @@ class Backup(keras.callbacks.Callback):
                 for key in self.history)):
             raise UserError(f"{join(self.folder, HISTORY)} does not hold a backup's losses; "
                             "delete the backup folder to start fresh")
+        short = [key for key in self.history if len(history[key]) < epochs_done]
+        if short:  # the run record would say N epochs and hold fewer losses
+            raise UserError(f"{join(self.folder, HISTORY)} holds the {short[0]} of "
+                            f"{_count(len(history[short[0]]), 'epoch')}, but the backup's "
+                            f"checkpoint has {_count(epochs_done, 'epoch')} done; delete the "
+                            "backup folder to start fresh")
         self.history = {key: list(history[key][:epochs_done]) for key in self.history}
         if step > self.epochs * self.steps_per_epoch:
             rest = step - epochs_done * self.steps_per_epoch
@@ -121,6 +122,11 @@ class Backup(keras.callbacks.Callback):
                             f"more than the {self.epochs * self.steps_per_epoch:,} of --epochs "
                             f"{self.epochs}; raise --epochs, or delete the backup to start "
                             "fresh")
+        if self.is_chief:
+            tf.io.gfile.makedirs(self.folder)
+            take_lock(self.folder)  # a second run on the same folder stops here
+            write_json(join(self.folder, RUN), self.run)
+        self.start_step = self._trained = step
         if step:
             print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "
                   f"epochs and {step:,} steps done")
