@@ -275,3 +275,18 @@ def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
     for suffix in ("png", "json", "keras"):
         assert (tmp_path / f"cpu.{suffix}").is_file()
+
+
+@pytest.mark.slow
+def test_a_jax_backend_in_the_environment_is_set_aside_in_one_line(repo, tmp_path):
+    # JAX-first TPU images set KERAS_BACKEND=jax; Keras then failed at its first
+    # import (no jax here) or ran the scripts' TensorFlow code on JAX
+    result = subprocess.run(
+        [sys.executable, "train_cpu.py", *TINY, "--output-dir", str(tmp_path)], cwd=repo,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.splitlines()[0] == ("[INFO] KERAS_BACKEND=jax set aside: this code "
+                                             "runs Keras on TensorFlow")
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "cpu.keras").is_file()
