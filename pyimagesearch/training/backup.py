@@ -98,8 +98,6 @@ class Backup(keras.callbacks.Callback):
                             topic="backup")
         if refusal:
             raise UserError(refusal)
-        # global steps trained, saved with the weights: counted on across both
-        # calls to fit of a run resumed mid-epoch
         epochs_done = step // self.steps_per_epoch
         history = self._read(HISTORY) or self.history
         if not (isinstance(history, dict) and all(
@@ -126,6 +124,8 @@ class Backup(keras.callbacks.Callback):
             tf.io.gfile.makedirs(self.folder)
             take_lock(self.folder)  # a second run on the same folder stops here
             write_json(join(self.folder, RUN), self.run)
+        # global steps trained, saved with the weights: counted on across both
+        # calls to fit of a run resumed mid-epoch
         self.start_step = self._trained = step
         if step:
             print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "

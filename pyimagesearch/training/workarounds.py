@@ -160,7 +160,6 @@ def native_stderr_quiet(expected=()):
             watchdog.communicate(_ALL_WELL)
 
 
-
 class _QuietLoader(importlib.abc.Loader):
     """Runs another loader's module inside `native_stderr_quiet()`."""
 
@@ -204,6 +203,7 @@ def quiet_tensorflow_import():
         return
     if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlowFinder())
+
 
 def plain_device_buffers():
     """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
