@@ -202,7 +202,7 @@ def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
 
 
 @pytest.mark.parametrize("sig, status, said", [
-    pytest.param(signal.SIGINT, 130, "interrupted; all workers stopped",
+    pytest.param(signal.SIGINT, 130, "stopped by SIGINT; all workers stopped",
                  marks=pytest.mark.slow),
     (signal.SIGTERM, 143, "stopped by SIGTERM; all workers stopped")])
 def test_ctrl_c_or_sigterm_to_the_launcher_stops_every_worker(launch, tmp_path, sig, status,

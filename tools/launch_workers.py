@@ -11,8 +11,12 @@ after STOP_GRACE_SECONDS) and the launcher exits with that worker's status
 (128 + N for a signal N), after one line naming the worker and its status.
 The others first get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
 what a real cluster's survivors do), then SIGTERM, then SIGKILL after
-STOP_GRACE_SECONDS: within a minute in all. Ctrl-C stops them all at once.
-No process is left behind.
+STOP_GRACE_SECONDS: within a minute in all. Whatever ends the launcher ends
+its workers too: Ctrl-C, SIGTERM, SIGHUP (its terminal closing) or SIGQUIT
+stop them all at once (exit 128 + the signal), and on Linux a launcher killed
+outright (SIGKILL) has the kernel send each worker SIGTERM. No process is left
+behind. When the launcher's own output is closed (`| head`), the workers'
+lines are dropped and the run goes on, as the training scripts do.
 
 TensorFlow's gRPC servers listen on every interface of the machine, not only
 on the address in TF_CONFIG, so on Linux the launcher first moves itself into
@@ -21,6 +25,8 @@ a network namespace of its own whose only interface is loopback (the
 cannot be reached from anywhere else.
 """
 import argparse
+import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -56,8 +62,11 @@ def whole_number(text):
 
 
 def fail(message, status=EXIT_USER_ERROR):
-    """One line on stderr, then exit."""
-    print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
+    """One line on stderr (where it can still be written), then exit."""
+    try:
+        print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
+    except OSError:  # the terminal is gone: the status is all that is left to say it
+        pass
     sys.exit(status)
 
 
@@ -112,12 +121,50 @@ def tf_config(ports, index):
                        "task": {"type": "worker", "index": index}})
 
 
-class Terminated(Exception):
-    """The launcher got SIGTERM."""
+# the signals that end the launcher, and so its workers: SIGHUP is what the
+# launcher's terminal sends when it closes
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _terminated(signum, frame):
-    raise Terminated()
+class Stopped(Exception):
+    """The launcher got one of STOPPING_SIGNALS."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_stopping = []  # the first stopping signal: a second one must not cut the stop short
+
+
+def _stop_on_signal(signum, frame):
+    if not _stopping:
+        _stopping.append(signum)
+        raise Stopped(signum)
+
+
+def _end_with_parent():
+    """In a worker, before exec (Linux): SIGTERM when the launcher dies, even of SIGKILL."""
+    if _LIBC is None:
+        return
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != _LAUNCHER_PID:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+_LAUNCHER_PID = os.getpid()
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None  # prctl()
+
+
+def _stdout_to_nowhere():
+    """Point fd 1 at /dev/null, so that Python's last flush at exit finds nowhere to fail."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 def describe(status):
@@ -133,6 +180,7 @@ class Workers:
     def __init__(self):
         self.lock = threading.Lock()
         self.workers, self.relays = [], []
+        self.output_closed = False  # the reader of our stdout went away: drop the lines
 
     def start(self, command, count):
         """Start `count` workers of `command`, each with its TF_CONFIG."""
@@ -141,21 +189,36 @@ class Workers:
             env = {**os.environ, "TF_CONFIG": tf_config(self.ports, index),
                    "PYTHONUNBUFFERED": "1"}
             env.pop(_IN_NAMESPACE, None)
-            # a session of its own: Ctrl-C reaches the launcher, which stops
-            # each worker's whole process group itself
+            # a session of its own: Ctrl-C and a closing terminal reach the launcher,
+            # which stops each worker's whole process group itself. All workers
+            # start before any relay thread does (a hook before exec is not safe
+            # once threads run).
             worker = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=_end_with_parent)
             self.workers.append(worker)
+        for index, worker in enumerate(self.workers):
             self.say(f"[launch] worker {index}: pid {worker.pid}, 127.0.0.1:{self.ports[index]}")
             relay = threading.Thread(target=self._relay, args=(index, worker), daemon=True)
             relay.start()
             self.relays.append(relay)
 
     def say(self, line):
-        """Print one line whole, never interleaved with another worker's."""
+        """Print one line whole, never interleaved with another worker's.
+
+        Once our reader has gone (a closed pipe or terminal), lines are dropped:
+        the workers' output is still read, so none of them blocks on a full pipe.
+        """
         with self.lock:
-            print(line, flush=True)
+            if self.output_closed:
+                return
+            try:
+                print(line, flush=True)
+            except OSError as error:  # EPIPE: `| head` ended; EIO: the terminal closed
+                if error.errno not in (errno.EPIPE, errno.EIO):
+                    raise
+                self.output_closed = True
+                _stdout_to_nowhere()
 
     def _relay(self, index, worker):
         """Copy a worker's output, line by line, with its index in front."""
@@ -231,8 +294,10 @@ def main(argv):
     if os.environ.get(_IN_NAMESPACE):
         bring_up_loopback()
 
-    # SIGTERM (a test's clean-up, a job scheduler) stops the workers like Ctrl-C
-    signal.signal(signal.SIGTERM, _terminated)
+    # SIGTERM (a test's clean-up, a job scheduler), SIGHUP (the terminal closed)
+    # and SIGQUIT stop the workers as Ctrl-C does
+    for signum in STOPPING_SIGNALS:
+        signal.signal(signum, _stop_on_signal)
     cluster = Workers()
     try:
         cluster.start(command, args.workers)
@@ -241,16 +306,15 @@ def main(argv):
             deadline = time.monotonic() + PEER_GRACE_SECONDS
             while cluster.running() and time.monotonic() < deadline:
                 time.sleep(0.2)
-    except Terminated:
+        cluster.stop()  # joins the output relays; stops whatever still runs
+    except Stopped as stop:
         cluster.stop()
-        fail("stopped by SIGTERM; all workers stopped", status=143)
-    except KeyboardInterrupt:
-        cluster.stop()
-        fail("interrupted; all workers stopped", status=130)
+        fail(f"stopped by {signal.Signals(stop.signum).name}; all workers stopped",
+             status=128 + stop.signum)
     except OSError as error:  # a worker that could not be started at all
         cluster.stop()
         fail(f"cannot start {command[0]}: {error.strerror or error}")
-    cluster.stop()  # joins the output relays; stops whatever still runs
+    _stopping.append(None)  # every worker has ended: a late signal changes nothing
     if failure is None:
         cluster.say(f"[launch] all {args.workers} workers finished")
         return
