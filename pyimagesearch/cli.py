@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import re
+import signal
 import sys
 
 from pyimagesearch import config
@@ -228,6 +229,7 @@ def parse_args(device, description, argv=None):
     args = build_parser(device, description).parse_args(argv)
     args.cluster = read_cluster(device)
     _process["cluster"] = args.cluster  # run_main reports a lost peer of it
+    _process["resumable"] = True  # a training script: --backup-dir resumes it
     check_run_flags(Settings.from_args(args),
                     is_chief=args.cluster is None or args.cluster.is_chief)
     return args
@@ -425,7 +427,65 @@ def check_output_dir(path):
                         f"{first_line(error)}{hint}") from error
 
 
-_process = {"cluster": None, "dropped": None}  # parse_args' cluster; a signal Python dropped
+# parse_args' cluster; a signal Python dropped; the run ended well; the script's main()
+_process = {"cluster": None, "dropped": None, "over": False, "main": None,
+            "resumable": False}
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+def _guard_the_exit(main):
+    """Make the end of the process say a late signal too (once per process).
+
+    After a run has ended well, SIGTERM can still arrive while the process
+    ends: the handler then says so and exits 143 (preemption.run_ended), but
+    late in Python's exit the signal gets its default action back, and the
+    process would die of it (status -15), saying nothing. An exit hook,
+    registered before TensorFlow's and so run after them, blocks SIGTERM and
+    Ctrl-C, says one that came, and ends the script's process itself.
+    """
+    _process.update(over=False, main=main, resumable=False, cluster=None)
+    if _process.get("hooked"):
+        return
+    import atexit
+
+    atexit.register(_at_the_very_end)
+    _process["hooked"] = True
+
+
+def _late_signal(signum, frame=None):
+    """One line that says what is on disk, then exit 128 + N at once."""
+    prog = os.path.basename(sys.argv[0]) or "train"
+    try:
+        print(f"{prog}: error: stopped by {signal.Signals(signum).name} after the run had "
+              f"ended; {_on_disk()}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    except (OSError, ValueError):  # nobody left to read it: the status says it
+        pass
+    os._exit(128 + signum)
+
+
+def _at_the_very_end():
+    """At exit, after a run ended well: a signal that came is said; none can cut the end."""
+    if not _process["over"]:
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    pending = signal.sigpending() & set(_STOPPING)
+    if pending:
+        _late_signal(max(pending))  # SIGTERM before SIGINT
+    script = sys.modules.get("__main__")
+    if getattr(script, "main", None) is not _process["main"]:
+        return  # a run inside another program (a test, a notebook): not ours to end
+    import logging
+
+    logging.shutdown()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    # what is left of Python's exit and TensorFlow's would run with both signals
+    # blocked, and a signal then would be lost: there is nothing left to do
+    os._exit(0)
 
 
 def _write_refused(error):
@@ -457,12 +517,20 @@ def _write_refused(error):
                      f"or give another folder; {_on_disk()}")
 
 
-def _on_disk():
-    """What a run that stops now leaves: its new outputs, if it got as far, or the old ones."""
+def _published():
+    """The folders whose new outputs this run has put in place."""
     from pyimagesearch.training.publish import published
 
-    if published:
-        return f"its new outputs were all written to {', '.join(published)}"
+    return published
+
+
+def _on_disk():
+    """What a run that stops now leaves: its new outputs, if it got as far, or the old ones."""
+    cluster = _process["cluster"]
+    if cluster is not None and not cluster.is_chief:
+        return f"{cluster.name} writes no outputs (the chief does)"
+    if _published():
+        return f"its new outputs were all written to {', '.join(_published())}"
     return "earlier outputs are untouched"
 
 
@@ -525,12 +593,16 @@ def run_main(main, argv=None):
         sys.stdout = _OutputThatOutlivesItsReader(sys.stdout)
     default_hook = sys.unraisablehook
     sys.unraisablehook = _kept_for_later(default_hook)
+    _guard_the_exit(main)
     try:
         _run(main, argv)
+        _process["over"] = True  # from here to the process's end, SIGTERM is said and exits
+        preemption.run_ended(_late_signal)
     except UserError as error:
         if str(error) == preemption.STOPPED:
-            error = Preempted(f"{preemption.STOPPED}; {_on_disk()} (with --backup-dir the "
-                              "run saves its state first and resumes after)")
+            error = Preempted(f"{preemption.STOPPED}; {_on_disk()}" + (
+                " (with --backup-dir the run saves its state first and resumes after)"
+                if _process["resumable"] and not _published() else ""))
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
         if isinstance(error, (PeerLost, Preempted)):

@@ -21,7 +21,7 @@ from pyimagesearch.training import precision  # noqa: F401  (its optimizer, like
 from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.training.errors import UserError, first_line
 from pyimagesearch.training.files import join, scratch_folder, write_json
-from pyimagesearch.training.publish import publish
+from pyimagesearch.training.publish import publish, published
 
 _WRITE_FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
 
@@ -109,8 +109,10 @@ class RunOutputs:
         try:
             self._staged.__exit__(kind, value, traceback)
         finally:
-            if self._scratch:
+            if self._scratch:  # a worker's copies: never outputs of the run
                 shutil.rmtree(self._scratch, ignore_errors=True)
+                if self._scratch in published:
+                    published.remove(self._scratch)
         if kind is not None:
             return False
         cluster = self.plan.cluster

@@ -434,9 +434,10 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
 # first (argv[1]): "kill" SIGKILLs the process at the 3rd rename of its publish (the
 # journal written, one old file set aside), "term" sends it SIGTERM at the 2nd,
 # "late-term" sends SIGTERM from inside a finalizer once the outputs are written,
-# where Python prints the exception and drops it.
+# where Python prints the exception and drops it; "after" sends it once main()
+# has returned, and "exiting" from an exit hook that runs before the run's own.
 SIGNAL_DRIVER = r"""
-import gc, os, signal, sys
+import atexit, gc, os, signal, sys
 sys.path.insert(0, os.getcwd())
 mode, args = sys.argv[1], sys.argv[2:]
 sys.argv = ["train_cpu.py", *args]
@@ -472,18 +473,23 @@ def publish(folder, staged):
 
 outputs.publish = publish
 cli.run_main(train_cpu.main, args)
+if mode == "after":
+    os.kill(os.getpid(), signal.SIGTERM)
+if mode == "exiting":
+    atexit.register(os.kill, os.getpid(), signal.SIGTERM)
 """
 
 QUICK = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32", "--data-source",
          "sample"]
 
 
-def _driven(repo, mode, out):
+def _driven(repo, mode, out, *flags):
     import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-c", SIGNAL_DRIVER, mode, *QUICK, "--output-dir",
-                           str(out)], cwd=repo, capture_output=True, text=True, timeout=300)
+                           str(out), *flags], cwd=repo, capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.slow  # the default run stops a publish at each of its steps in this process
@@ -506,17 +512,19 @@ def test_a_run_killed_mid_swap_is_made_whole_by_the_next_run(repo, tmp_path, in_
 # the default run sends signals at every step of a publish in this process ("term"),
 # and from a finalizer in tests/test_preemption.py ("late-term"); these are the same
 # in a fresh process
-@pytest.mark.parametrize("mode", ["term", "late-term"])
+@pytest.mark.parametrize("mode", ["term", "late-term", "after", "exiting"])
 @pytest.mark.slow
 def test_sigterm_during_or_after_the_swap_says_the_new_outputs_are_written(repo, tmp_path,
                                                                           mode):
     out = tmp_path / "out"
     _earlier(out)
-    done = _driven(repo, mode, out)
+    done = _driven(repo, mode, out, "--backup-dir", str(tmp_path / "backup"))
     assert done.returncode == 143, done.stdout[-2000:] + done.stderr[-2000:]  # not swallowed
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "stopped by SIGTERM; its new outputs were all written to " \
-        f"{out}" in errors[0], done.stderr
+    ended = " after the run had ended" if mode in ("after", "exiting") else ""
+    assert len(errors) == 1 and f"stopped by SIGTERM{ended}; its new outputs were all " \
+        f"written to {out}" in errors[0], done.stderr
+    assert "--backup-dir" not in errors[0]  # the outputs are written: nothing to resume
     assert "Traceback" not in done.stderr.replace("Exception ignored", "")
     assert sorted(os.listdir(out)) == sorted(NAMES)
     assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"  # the new set
@@ -829,3 +837,53 @@ def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
                         "--epochs", "1", "--steps-per-epoch", "1",
                         "--output-dir", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "cpu.png").exists()
+
+
+# a run that has ended well, and a signal while its process ends: as the scripts
+# end (`cli.run_main(main)` is their last line), with a main() that writes nothing
+ENDED_RUN = r"""
+import os, signal, sys
+from pyimagesearch import cli
+sys.argv = ["train_cpu.py"]
+def main(argv):
+    print("trained", flush=True)
+how = os.environ["HOW"]
+cli.run_main(main, [])
+if how == "after":
+    os.kill(os.getpid(), getattr(signal, os.environ["SIG"]))
+    sum(range(1000))  # the handler runs here
+"""
+
+
+@pytest.mark.parametrize("how, sig, status", [("after", "SIGTERM", 143), ("none", None, 0)])
+def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how, sig, status):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ENDED_RUN], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HOW": how,
+                                                       "SIG": sig or ""})
+    assert done.returncode == status, done.stderr
+    assert done.stdout == "trained\n"
+    if sig:
+        assert done.stderr.splitlines() == [
+            f"train_cpu.py: error: stopped by {sig} after the run had ended; earlier "
+            "outputs are untouched"]
+    else:
+        assert done.stderr == ""
+
+
+def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
+    # the exit hook blocks both signals; one that came before it looked is said
+    import signal
+
+    from pyimagesearch import cli
+
+    exits = []
+    monkeypatch.setattr(cli, "_process", {**cli._process, "over": True, "main": object()})
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    monkeypatch.setattr(cli.signal, "pthread_sigmask", lambda how, mask: set())
+    monkeypatch.setattr(cli.signal, "sigpending", lambda: {signal.SIGTERM})
+    cli._at_the_very_end()
+    assert exits == [143]
+    assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err

@@ -29,6 +29,9 @@ STOPPED = "stopped by SIGTERM"  # the message run_main completes with what is on
 _saving = threading.Event()  # a Backup is there to save at the next step
 
 
+_after_the_run = []  # set by run_main once a run has ended well: what SIGTERM does then
+
+
 def watch(fresh=False):
     """Handle SIGTERM from here on (call it in the main thread).
 
@@ -39,10 +42,19 @@ def watch(fresh=False):
     if fresh:
         _requested.clear()
         _terminated.clear()
+    _after_the_run.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def run_ended(then):
+    """The run has ended well: SIGTERM from now on calls `then(signum)` (it says so, exits)."""
+    _after_the_run[:] = [then]
+
+
 def _on_sigterm(signum, frame):
+    if _after_the_run:  # nothing left to stop: say what is on disk, and go
+        _after_the_run[0](signum)
+        return
     if _saving.is_set():
         _requested.set()
         print("[INFO] SIGTERM: saving the backup at the next step, then stopping",
