@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 
+import pytest
 
 import compare
 
@@ -51,3 +52,29 @@ def test_a_record_that_is_a_fifo_is_skipped_not_waited_on(tmp_path, capsys):
     assert not reader.is_alive(), "compare.py waited on a FIFO"
     assert found == {}
     assert f"skipping {tmp_path / 'cpu.json'}: not a regular file" in capsys.readouterr().err
+
+
+def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):
+    # the benchmarks' --json: written beside, then swapped in (training/publish.py)
+    import tensorflow as tf
+
+    from pyimagesearch.training import publish
+    from pyimagesearch.training.errors import UserError
+
+    target = tmp_path / "result.json"
+    target.write_text('{"old": true}\n')
+    publish.publish_json(str(target), {"new": 1})
+    assert json.loads(target.read_text()) == {"new": 1}
+    assert os.listdir(tmp_path) == ["result.json"]  # no copy, journal or old file left
+
+    def refused(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    monkeypatch.setattr(tf.io.gfile, "copy", refused)  # into the folder: a full disk
+    with pytest.raises(UserError, match="earlier outputs are untouched"):
+        publish.publish_json(str(target), {"newer": 2})
+    assert json.loads(target.read_text()) == {"new": 1}
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    publish.publish_json("bare.json", [])  # a name with no folder: the current one
+    assert json.loads((tmp_path / "bare.json").read_text()) == []

@@ -197,6 +197,65 @@ def test_a_finished_folder_is_replaced_only_with_overwrite(tmp_path, small, caps
     assert "wrote" in capsys.readouterr().out
 
 
+# write_tfrecords.py --overwrite, stopped by a signal on the way: "shard" sends
+# SIGTERM while the second new shard is written (before the swap), "swap" while
+# the new set is renamed into place, "kill" SIGKILLs it there (the next run
+# makes the folder whole)
+STOPPED_WRITER = r"""
+import os, signal, sys
+import tensorflow as tf
+args, sys.argv = sys.argv[1:], ["write_tfrecords.py"]
+from pyimagesearch import cli
+from pyimagesearch.datasets import tfrecords
+import write_tfrecords
+how = os.environ["HOW"]
+real_shard, real_rename, calls = tfrecords._write_shard, tf.io.gfile.rename, []
+def shard(*args):
+    calls.append("shard")
+    if how == "shard" and calls.count("shard") == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_shard(*args)
+def rename(*args, **kwargs):
+    calls.append("rename")
+    if calls.count("rename") == 3:
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
+    return real_rename(*args, **kwargs)
+tfrecords._write_shard = shard
+if how != "shard":
+    tf.io.gfile.rename = rename
+cli.run_main(write_tfrecords.main, args)
+"""
+
+
+@pytest.mark.parametrize("how, status, said, holds", [
+    ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
+    ("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2),
+    ("kill", -9, None, None)])
+def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_which(
+        repo, tmp_path, how, status, said, holds):
+    import subprocess
+    import sys
+
+    out = tmp_path / "records"
+    write_tfrecords.main(["--data-source", "sample", "--output-dir", str(out), "--shards", "4"])
+    env = {**os.environ, "HOW": how, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'tools'}"}
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_WRITER, "--data-source", "sample", "--output-dir",
+         str(out), "--shards", "2", "--overwrite"], cwd=repo, env=env, capture_output=True,
+        text=True, timeout=300)
+    assert done.returncode == status, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+    if said:
+        assert len(errors) == 1 and said in errors[0] and "--backup-dir" not in errors[0]
+    else:  # SIGKILLed mid-swap: what the next write does first makes the folder whole
+        from pyimagesearch.training.publish import recover
+
+        recover(str(out))
+    metadata = tfrecords.verify(str(out))  # every shard whole and as its metadata says
+    assert len(metadata["splits"][TRAIN]["shards"]) in ((holds,) if holds else (2, 4))
+    assert not [name for name in os.listdir(out) if name.startswith(".")]
+
+
 # --- bad input: one UserError naming the file --------------------------------
 
 @pytest.fixture

@@ -18,7 +18,6 @@ On a CPU, mixed_float16 runs through slow emulation on most machines and is
 left out unless asked for with --setups.
 """
 import argparse
-import json
 import pathlib
 import statistics
 import sys
@@ -90,13 +89,14 @@ def main(argv=None):
         ratio = f"  {baseline / value:.2f}x" if baseline else ""
         print(f"  {name:15s} {value:6.2f} s{ratio}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"device": args.device, "batch_size": args.batch_size, "steps": steps,
-                       "seconds": seconds, "median_seconds": medians,
-                       "speedup_over_float32": {name: baseline / value for name, value
-                                                in medians.items()} if baseline else None,
-                       "tensorflow_version": tf.__version__, "machine": machine_info(),
-                       "command": ["tools/benchmark_levers.py", *argv]}, handle, indent=2)
+        from pyimagesearch.training.publish import publish_json
+        publish_json(args.json, {
+            "device": args.device, "batch_size": args.batch_size, "steps": steps,
+            "seconds": seconds, "median_seconds": medians,
+            "speedup_over_float32": {name: baseline / value for name, value
+                                     in medians.items()} if baseline else None,
+            "tensorflow_version": tf.__version__, "machine": machine_info(),
+            "command": ["tools/benchmark_levers.py", *argv]})
 
 
 if __name__ == "__main__":

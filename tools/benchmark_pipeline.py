@@ -44,7 +44,6 @@ buffer and tfds' cache), then times --epochs more; the figure is images per
 second, the median over the trials.
 """
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -359,8 +358,8 @@ def main(argv=None):
         mode = floor if args.floor else input_only
         figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
-            with open(args.json, "w") as handle:
-                json.dump(figures, handle, indent=2)
+            from pyimagesearch.training.publish import publish_json
+            publish_json(args.json, figures)
         return
     steps = args.steps
     spe = steps_per_execution(steps)
@@ -385,12 +384,11 @@ def main(argv=None):
     for name, value in medians.items():
         print(f"  {name:18s} {value:6.2f} s  {ratios[name]:.2f}x")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"seconds": seconds, "median_seconds": medians,
-                       "speedup_over_article_style": ratios, "steps": steps,
-                       "trials": args.trials, "steps_per_execution": spe,
-                       "batch_size": config.BATCH_SIZE, "data": source.reason},
-                      handle, indent=2)
+        from pyimagesearch.training.publish import publish_json
+        publish_json(args.json, {"seconds": seconds, "median_seconds": medians,
+                                 "speedup_over_article_style": ratios, "steps": steps,
+                                 "trials": args.trials, "steps_per_execution": spe,
+                                 "batch_size": config.BATCH_SIZE, "data": source.reason})
 
 
 if __name__ == "__main__":

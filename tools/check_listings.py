@@ -15,7 +15,6 @@ exit status, the last line printed (the error, if any) and the seconds taken.
 The README's listings table quotes these records.
 """
 import argparse
-import json
 import os
 import platform
 import re
@@ -310,8 +309,8 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    with open(args.json, "w") as handle:
-        json.dump(record, handle, indent=2)
+    from pyimagesearch.training.publish import publish_json
+    publish_json(args.json, record)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ figure is cores x clock x the most float32 FLOPs a core can issue per cycle
 (see `cpu_peak`). A fraction of such a peak is what the op reached at best.
 """
 import argparse
-import json
 import math
 import os
 import pathlib
@@ -409,12 +408,8 @@ def main(argv=None):
                            args.rehearse, args.tpu)
     print(report(result))
     if args.json:
-        try:
-            with open(args.json, "w") as handle:
-                json.dump({**result, "command": ["tools/matmul_benchmark.py", *argv]},
-                          handle, indent=2)
-        except OSError as error:
-            raise UserError(f"cannot write {args.json}: {error.strerror}") from error
+        from pyimagesearch.training.publish import publish_json
+        publish_json(args.json, {**result, "command": ["tools/matmul_benchmark.py", *argv]})
 
 
 if __name__ == "__main__":

@@ -8,16 +8,17 @@
 The training split (train) and the validation split (test) each become
 --shards files, train-00000-of-00008.tfrecord and so on: one tf.train.Example
 per image with its raw uint8 pixels (no PNG to decode again), its shape and
-its label. metadata.json, written last, gives the counts per split and per
-shard, the image shape, the source (tfds MNIST, a prepare_mnist.py
---stand-in, or the 5,000-digit sample) and how the folder was made. Each
-shard is written under a temporary name and renamed when complete. The
-output may be a local folder or a bucket (gs://...); a TPU reads it
-straight from a bucket.
+its label. metadata.json gives the counts per split and per shard, the image
+shape, the source (tfds MNIST, a prepare_mnist.py --stand-in, or the
+5,000-digit sample) and how the folder was made. The output may be a local
+folder or a bucket (gs://...); a TPU reads it straight from a bucket.
 
-A folder that already holds finished TFRecords (a metadata.json) is left
-alone unless --overwrite is given; a folder with shards but no metadata.json
-is an interrupted write, and is written over.
+Everything is written to a local scratch folder first (TMPDIR), then the
+whole set replaces the old one at once, as the training scripts' outputs
+do: stopped at any moment (a full disk, Ctrl-C, SIGTERM, SIGKILL), the
+folder holds the old TFRecords or the new ones, never a mix, and the one
+line says which. A folder that already holds TFRecords (a metadata.json)
+is left alone unless --overwrite is given.
 """
 import argparse
 import pathlib

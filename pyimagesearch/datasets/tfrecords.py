@@ -11,8 +11,9 @@ One `tf.train.Example` per image: its raw uint8 pixels (no PNG to decode
 again), its shape (height, width, channels) and its label. With GZIP the
 shards end in .tfrecord.gz. `metadata.json` gives the counts per split and
 per shard, the image shape, where the images came from and how the folder
-was made; it is written last, so a folder without it never looks finished.
-Each shard is written under a temporary name and renamed when complete.
+was made. Every file is written to a local scratch folder first, and the
+whole set then replaces the folder's old one (training/publish.py): the
+folder holds the old TFRecords or the new ones, whatever stops the writer.
 
 This module knows the format only: arrays in, arrays and batches of uint8
 images out. `pyimagesearch.data` makes it the "tfrecord" source.
@@ -23,13 +24,15 @@ import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 import tensorflow as tf
 
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import join, write_json
+from pyimagesearch.training.files import join, scratch_folder, write_json
 from pyimagesearch.datasets.passes import seeded_passes
+from pyimagesearch.training.publish import publish, recover
 from pyimagesearch.training.workarounds import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
@@ -93,21 +96,18 @@ def check_destination(folder, overwrite=False):
 
 
 def _write_shard(folder, name, records, compression):
-    """Write `records` to `folder`/`name` under a temporary name, then rename it into place."""
-    final = join(folder, name)
-    temporary = join(folder, f".{name}.tmp")
+    """Write `records` to the local scratch `folder`/`name`; its entry in the metadata."""
+    final = os.path.join(folder, name)
     options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
     try:
-        with tf.io.TFRecordWriter(temporary, options) as writer:
+        with tf.io.TFRecordWriter(final, options) as writer:
             for record in records:
                 writer.write(record)
-        tf.io.gfile.rename(temporary, final, overwrite=True)
     except (OSError, tf.errors.OpError) as error:
-        raise UserError(f"cannot write {final}: {first_line(error)}") from error
-    finally:
-        if tf.io.gfile.exists(temporary):  # a failed write leaves nothing behind
-            tf.io.gfile.remove(temporary)
-    return {"file": name, "records": len(records), "bytes": tf.io.gfile.stat(final).length,
+        raise UserError(f"cannot write the TFRecords in the scratch folder {folder} "
+                        f"({first_line(error)}); free some space there or set TMPDIR to "
+                        "another folder") from error
+    return {"file": name, "records": len(records), "bytes": os.path.getsize(final),
             "sha256": file_sha256(final)}
 
 
@@ -147,15 +147,30 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
     shapes = {images.shape[1:] for images, _ in splits.values()}
     if len(shapes) != 1 or any(images.dtype != np.uint8 for images, _ in splits.values()):
         raise ValueError(f"every split must hold uint8 images of one shape, got {shapes}")
-    replacing = check_destination(folder, overwrite)
+    recover(folder)  # a write killed mid-swap: its old or its new set made whole first
+    check_destination(folder, overwrite)
     try:
         tf.io.gfile.makedirs(folder)
-        if replacing:
-            # from here until the new metadata is in place, the folder reads
-            # as unfinished rather than as the old data
-            tf.io.gfile.remove(join(folder, METADATA_NAME))
     except (OSError, tf.errors.OpError) as error:
         raise UserError(f"cannot write to {folder}: {first_line(error)}") from error
+    # every file is written to a local scratch folder first, then the whole set
+    # replaces the old one in `folder` (publish): the folder holds the old
+    # TFRecords or the new ones, whatever stops the process on the way
+    scratch = scratch_folder("tfrecords")
+    try:
+        metadata = _write_staged(scratch, splits, dataset, origin, origin_reason, command,
+                                 shards, compression, shapes.pop())
+        publish(folder, {name: os.path.join(scratch, name) for name in os.listdir(scratch)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _remove_stale(folder, metadata["splits"], {
+        shard["file"] for entry in metadata["splits"].values() for shard in entry["shards"]})
+    return metadata
+
+
+def _write_staged(scratch, splits, dataset, origin, origin_reason, command, shards,
+                  compression, shape):
+    """Write every shard and the metadata into the local `scratch` folder; the metadata."""
     listing = {}
     for split, (images, labels) in splits.items():
         count = min(shards, len(images))
@@ -163,7 +178,7 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
             raise UserError(f"the {split} split is empty: nothing to write")
         parts = np.array_split(np.arange(len(images)), count)
         listing[split] = {"images": int(len(images)), "shards": [
-            _write_shard(folder, shard_name(split, index, count, compression),
+            _write_shard(scratch, shard_name(split, index, count, compression),
                          [serialize(images[i], labels[i]) for i in part], compression)
             for index, part in enumerate(parts)]}
     metadata = {
@@ -172,7 +187,7 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
         "dataset": dataset,
         "source": origin,
         "source_reason": origin_reason,
-        "image_shape": [int(side) for side in shapes.pop()],
+        "image_shape": [int(side) for side in shape],
         "dtype": "uint8",
         "compression": compression,
         "features": {"image": "bytes: raw uint8 pixels, row-major (height, width, channels)",
@@ -184,9 +199,7 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
                     .isoformat(timespec="seconds"),
                     "tensorflow_version": tf.__version__},
     }
-    write_json(join(folder, METADATA_NAME), metadata)
-    _remove_stale(folder, listing, {shard["file"] for entry in listing.values()
-                                    for shard in entry["shards"]})
+    write_json(os.path.join(scratch, METADATA_NAME), metadata)
     return metadata
 
 

@@ -16,13 +16,15 @@ step goes through `tf.io.gfile`, so the folder may be a bucket.
 """
 import os
 import re
+import shutil
 import socket
 
 import tensorflow as tf
 
 from pyimagesearch.training import preemption
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import join, read_json, running, write_json
+from pyimagesearch.training.files import (join, read_json, running, scratch_folder,
+                                          write_json)
 
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written
@@ -66,6 +68,17 @@ def publish(folder, staged):
         published.append(folder)
         _finish(folder, moves)
         _remove(journal)
+
+
+def publish_json(path, content):
+    """Write one JSON file (a benchmark's --json) as a set of one: the old file or the new."""
+    folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    scratch = scratch_folder("json")
+    try:
+        write_json(os.path.join(scratch, name), content)
+        publish(folder or "/", {name: os.path.join(scratch, name)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _undo(folder, moves):
