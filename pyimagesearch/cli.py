@@ -243,8 +243,8 @@ def plan(device, args, strategy):
     sets the compute precision, before the model is built; in a cluster,
     checks that every worker runs the same settings on the same data.
     """
-    from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
-    from pyimagesearch.training.cluster import check_workers_agree
+    from pyimagesearch.datasets.sources import probe_network, resolve_data_dir, resolve_source
+    from pyimagesearch.training.cluster import check_workers_agree, shared_decision
     from pyimagesearch.training.plan import check_levers, plan_run
     from pyimagesearch.training.precision import set_precision
     from pyimagesearch.training.workarounds import preemption_handler_acts
@@ -257,8 +257,14 @@ def plan(device, args, strategy):
     if node:
         check_tpu_node_paths(settings, node)
     print(run.describe())
+    network = None
+    if args.cluster and settings.data_source in ("auto", "tfds"):
+        # one probe, the chief's, for every worker: a slow worker's own would
+        # pick the sample while the others download MNIST
+        answer = shared_decision(args.cluster, "network", probe_network)
+        network = lambda: answer  # noqa: E731
     source = resolve_source(settings.data_source, config.DATA_NAME,
-                            resolve_data_dir(settings.data_dir))
+                            resolve_data_dir(settings.data_dir), network)
     if node and getattr(source, "prepared_locally", False):
         raise UserError(f"a TPU Node ({node}) reads its data itself, and cannot read "
                         f"{source.data_name} prepared on this machine ({source.reason}); "

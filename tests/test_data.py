@@ -9,6 +9,10 @@ from pyimagesearch.datasets import sources
 from pyimagesearch.datasets.pipeline import Reading, make_pipeline
 from pyimagesearch.training.errors import UserError
 
+# the network probe's answers, as resolve_source gets them
+SILENT = {"verdict": sources.SILENT, "via": "storage.googleapis.com:443"}
+REFUSED = {"verdict": sources.REFUSED, "via": "storage.googleapis.com:443"}
+
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
@@ -77,28 +81,91 @@ def test_auto_offline_picks_the_sample_without_calling_tfds_load(tmp_path, monke
         raise AssertionError("tfds.load must not run when offline and unprepared")
 
     monkeypatch.setattr(tfds, "load", no_load)
-    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(sources, "probe_network", lambda *a, **k: SILENT)
     source = sources.resolve_source("auto", config.DATA_NAME, str(tmp_path))
     assert source.name == "sample"
-    assert "did not answer" in source.reason
+    assert "did not answer within 3 s" in source.reason
 
 
 def test_tfds_source_offline_and_unprepared_is_a_user_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
-    with pytest.raises(UserError, match="--data-source sample"):
+    monkeypatch.setattr(sources, "probe_network", lambda *a, **k: REFUSED)
+    with pytest.raises(UserError, match="cannot be reached.*--data-source sample"):
         sources.resolve_source("tfds", config.DATA_NAME, str(tmp_path))
 
 
-def test_network_probe_reports_a_closed_port_as_unreachable():
+def test_a_slow_network_does_not_refuse_an_explicit_tfds(tmp_path, monkeypatch):
+    # no answer within 3 s is not a no: tfds, asked for, gets its chance
+    monkeypatch.setattr(sources, "probe_network", lambda *a, **k: SILENT)
+    source = sources.resolve_source("tfds", config.DATA_NAME, str(tmp_path))
+    assert source.name == "tfds" and "tfds downloads it anyway" in source.reason
+    auto = sources.resolve_source("auto", config.DATA_NAME, str(tmp_path),
+                                  network=lambda: REFUSED)  # a cluster's shared answer
+    assert auto.name == "sample" and "cannot be reached" in auto.reason
+
+
+def test_network_probe_reports_a_closed_port_as_refused():
     # port 9 on loopback: nothing listens there, the connection is refused
-    assert sources.network_reachable(("127.0.0.1", 9), timeout=1.0) is False
+    assert sources.probe_network(("127.0.0.1", 9), timeout=1.0, environ={}) == {
+        "verdict": sources.REFUSED, "via": "127.0.0.1:9"}
+
+
+class _StandInProxy:
+    """An HTTP proxy on loopback that answers every CONNECT with `reply` (None: never)."""
+
+    def __init__(self, reply):
+        import socket
+        import threading
+
+        self.reply, self.asked = reply, []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.asked.append(client.recv(4096).decode())
+            if self.reply is not None:
+                client.sendall(self.reply)
+                client.close()
+            else:
+                self.silent = client  # held open, unanswered
+
+    def close(self):
+        self.server.close()
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    (b"HTTP/1.1 200 Connection established\r\n\r\n", sources.ANSWERS),
+    (b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n", sources.REFUSED),
+    (b"", sources.REFUSED),
+    (None, sources.SILENT)])
+def test_the_probe_goes_through_the_proxy_tfds_would_use(reply, verdict):
+    proxy = _StandInProxy(reply)
+    try:
+        found = sources.probe_network(timeout=0.5, environ={
+            "HTTPS_PROXY": f"http://reader:s3cret@127.0.0.1:{proxy.port}"})
+    finally:
+        proxy.close()
+    assert found == {"verdict": verdict, "via": f"the proxy http://127.0.0.1:{proxy.port}"}
+    assert proxy.asked[0].startswith("CONNECT storage.googleapis.com:443 HTTP/1.1\r\n")
+    assert "Proxy-Authorization: Basic cmVhZGVyOnMzY3JldA==" in proxy.asked[0]
+
+
+def test_no_proxy_sends_the_probe_straight_to_the_host():
+    found = sources.probe_network(("127.0.0.1", 9), timeout=1.0, environ={
+        "https_proxy": "http://127.0.0.1:9", "no_proxy": "localhost,127.0.0.1"})
+    assert found == {"verdict": sources.REFUSED, "via": "127.0.0.1:9"}
 
 
 def test_a_data_dir_not_there_yet_is_not_prepared_and_not_created(tmp_path, monkeypatch):
     # as in tfds, which creates its data dir when it downloads
     missing = str(tmp_path / "not-yet")
     monkeypatch.setenv("TFDS_DATA_DIR", missing)
-    monkeypatch.setattr(sources, "network_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(sources, "probe_network", lambda *a, **k: REFUSED)
     assert sources.resolve_data_dir(None) == missing
     assert sources.resolve_source("sample", "mnist", missing).name == "sample"
     assert sources.resolve_source("auto", "mnist", missing).name == "sample"

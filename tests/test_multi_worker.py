@@ -310,3 +310,49 @@ def test_workers_whose_facts_differ_are_stopped_with_one_line(monkeypatch, their
     assert json.loads(store.values["pyimagesearch/run/chief:0"]) == mine
     store.values["pyimagesearch/run/worker:0"] = json.dumps(mine)
     check_workers_agree(cluster, mine)  # alike: nothing to say
+
+
+def test_the_chief_probes_the_network_once_and_every_worker_takes_its_answer(monkeypatch):
+    # a slow worker's own probe would pick the sample while the others download
+    # MNIST; the chief's answer, shared through the key-value store, is everyone's
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    from pyimagesearch.training.cluster import shared_decision
+
+    store = _StandInStore({})
+    monkeypatch.setattr(context, "context", lambda: store)
+    spec = {"worker": ["a:1", "b:2", "c:3"]}
+    chief, *others = [read_tf_config(_config(spec, {"type": "worker", "index": i}))
+                      for i in range(3)]
+    probes = []
+
+    def probe():
+        probes.append(1)
+        return {"verdict": "silent", "via": "storage.googleapis.com:443"}
+
+    assert shared_decision(chief, "network", probe)["verdict"] == "silent"
+    for worker in others:
+        assert shared_decision(worker, "network", probe)["verdict"] == "silent"
+    assert len(probes) == 1  # the chief's only
+
+    class NoAnswer(_StandInStore):
+        def get_config_key_value(self, key, timeout_in_ms=None):
+            raise tf.errors.DeadlineExceededError(None, None, "timed out")
+
+    monkeypatch.setattr(context, "context", lambda: NoAnswer({}))
+    with pytest.raises(UserError, match="^worker 1 did not get the chief's answer on the "
+                                        "network within 120 s"):
+        shared_decision(others[0], "network", probe)
+    assert len(probes) == 1  # a worker never probes for itself
+
+
+@pytest.mark.slow
+def test_a_real_cluster_takes_the_chiefs_data_decision(launch, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "empty"))
+    run = launch(2, ["--rehearse", "1", "--epochs", "1", "--steps-per-epoch", "1",
+                     "--data-source", "auto", "--output-dir", str(tmp_path / "out")])
+    status, err = run.finish()
+    assert status == 0, "\n".join(run.lines[-20:]) + err
+    said = [line for line in run.lines if "] [INFO] data source:" in line]
+    assert len(said) == 2 and said[0].split("] ", 1)[1] == said[1].split("] ", 1)[1], said

@@ -117,7 +117,7 @@ def test_unwritable_output_folder_gives_one_line(in_process, tmp_path):
 @pytest.mark.parametrize("source", ["sample", "auto"])
 def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(in_process, monkeypatch,
                                                           tmp_path, source):
-    if source == "auto" and sources.network_reachable():
+    if source == "auto" and sources.probe_network()["verdict"] == sources.ANSWERS:
         pytest.skip("auto would download MNIST on a machine with network")
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "not-yet"))
     result = in_process("train_cpu.py", *TINY[:-2], "--data-source", source,
@@ -127,7 +127,8 @@ def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(in_process, monkeypat
     assert "\x1b" not in result.stdout + result.stderr  # redirected: no terminal escapes
 
 
-@pytest.mark.skipif(sources.network_reachable(), reason="needs a machine without network")
+@pytest.mark.skipif(sources.probe_network()["verdict"] != sources.REFUSED,
+                    reason="needs a machine whose network says no at once")
 def test_tfds_source_offline_gives_one_line_within_the_probe(in_process, tmp_path):
     result = in_process("train_cpu.py", "--data-source", "tfds",
                         "--data-dir", str(tmp_path), "--output-dir", str(tmp_path))

@@ -15,13 +15,17 @@ Three kinds give the same uint8 images, shape (N, 28, 28, 1):
   verified once, when it is resolved; it is never held in memory.
 
 ``auto`` picks tfds when MNIST is prepared in the data dir or the network
-answers within a few seconds, else the sample: ``tfds.load`` itself retries
-for minutes before it gives up when offline.
+answers within a few seconds (through HTTPS_PROXY when one is set, as tfds'
+downloads go), else the sample: ``tfds.load`` itself retries for minutes
+before it gives up when offline. An explicit ``tfds`` is refused only when
+the network says no; a slow answer is left to tfds. In a cluster the chief
+probes, and every worker takes its answer.
 """
 import functools
 import gzip
 import logging
 import os
+import re
 import socket
 import threading
 import zlib
@@ -141,25 +145,74 @@ class TfrecordSource(Source):
         return tfrecord_pipeline(self.folder, self.metadata, split, reading, input_context)
 
 
-def network_reachable(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS):
-    """True if a TCP connection to `address` opens within `timeout` seconds.
+ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"  # what the probe can find
 
-    Runs in a daemon thread so that a hanging DNS lookup cannot hold us past
-    the timeout either.
+
+def probe_network(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS, environ=os.environ):
+    """How tfds' host answers: {"verdict": ANSWERS | REFUSED | SILENT, "via": what was asked}.
+
+    As tfds' downloads do (through `requests`), it goes through the proxy that
+    HTTPS_PROXY names unless NO_PROXY exempts the host: a CONNECT there that
+    the proxy must accept. REFUSED is a definite no (no route, no name, a
+    refused connection, a proxy that says no); SILENT is no answer within
+    `timeout` seconds, which a slow link can give too. Runs in a daemon
+    thread so that a hanging DNS lookup cannot hold us past the timeout either.
     """
+    import urllib.request
+
+    host, port = address
+    proxy = environ.get("https_proxy") or environ.get("HTTPS_PROXY")
+    exempt = environ.get("no_proxy") or environ.get("NO_PROXY")
+    if proxy and exempt and urllib.request.proxy_bypass_environment(host, {"no": exempt}):
+        proxy = None
+    via = f"the proxy {_without_password(proxy)}" if proxy else f"{host}:{port}"
     result = []
 
     def probe():
         try:
-            socket.create_connection(address, timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
+            if proxy:
+                result.append(_through_proxy(proxy, host, port, timeout))
+            else:
+                socket.create_connection(address, timeout=timeout).close()
+                result.append(ANSWERS)
+        except socket.timeout:
+            result.append(SILENT)
+        except (OSError, ValueError):  # no name, no route, refused; a proxy URL we cannot read
+            result.append(REFUSED)
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
     thread.join(timeout)
-    return bool(result and result[0])
+    return {"verdict": result[0] if result else SILENT, "via": via}
+
+
+def _without_password(url):
+    """A proxy URL fit to print: user:password@ taken out."""
+    return re.sub(r"//[^/@]*@", "//", url)
+
+
+def _through_proxy(proxy, host, port, timeout):
+    """ANSWERS if the HTTP proxy at `proxy` opens a tunnel to host:port, else REFUSED."""
+    import base64
+    import ssl
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    tunnel = socket.create_connection(
+        (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+        timeout=timeout)
+    with tunnel:
+        if parts.scheme == "https":
+            tunnel = ssl.create_default_context().wrap_socket(tunnel,
+                                                              server_hostname=parts.hostname)
+        ask = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        if parts.username:
+            secret = f"{urllib.parse.unquote(parts.username)}:" \
+                     f"{urllib.parse.unquote(parts.password or '')}"
+            ask += f"Proxy-Authorization: Basic {base64.b64encode(secret.encode()).decode()}\r\n"
+        tunnel.sendall((ask + "\r\n").encode())
+        status = tunnel.recv(1024).split(b"\r\n", 1)[0].split()
+    return ANSWERS if len(status) > 1 and status[1] == b"200" else REFUSED
 
 
 def resolve_data_dir(data_dir=None):
@@ -208,10 +261,12 @@ def is_stand_in(data_name, data_dir):
     return tf.io.gfile.exists(os.path.join(os.path.dirname(versioned), STAND_IN_MARKER))
 
 
-def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
+def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, network=None):
     """The Source a run reads: tfds or the sample, decided quickly and with a reason.
 
     "tfrecord" takes `data_dir` as the TFRecord folder and verifies it.
+    `network()` gives the probe's answer (probe_network's form); in a cluster
+    it is the chief's, shared with every worker (cluster.shared_decision).
     """
     if source not in SOURCES:
         raise UserError(f"unknown data source {source!r}; "
@@ -229,17 +284,24 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None):
                               stand_in=True, data_name=data_name, prepared=True)
         return TfdsSource(f"{data_name} is prepared in {where}", data_dir,
                           data_name=data_name, prepared=True)
-    if network_reachable():
-        return TfdsSource(f"{data_name} is not prepared in {where}; "
-                          "the network answers, so tfds downloads it", data_dir,
+    probe = (network or probe_network)()
+    if probe["verdict"] == ANSWERS:
+        return TfdsSource(f"{data_name} is not prepared in {where}; the network answers "
+                          f"({probe['via']}), so tfds downloads it", data_dir,
+                          data_name=data_name)
+    if source == "tfds" and probe["verdict"] == SILENT:
+        # a slow link is no reason to refuse what was asked for: tfds has its own retries
+        return TfdsSource(f"{data_name} is not prepared in {where} and {probe['via']} did "
+                          f"not answer within {PROBE_TIMEOUT_SECONDS:g} s; tfds downloads "
+                          "it anyway, as --data-source tfds asks", data_dir,
                           data_name=data_name)
     if source == "tfds":
-        raise UserError(f"{data_name} is not prepared in {where} and "
-                        f"{_PROBE_HOST[0]} cannot be reached; prepare it there, "
-                        "or use --data-source sample")
-    return SampleSource(f"{data_name} is not prepared in {where} and "
-                        f"{_PROBE_HOST[0]} did not answer within "
-                        f"{PROBE_TIMEOUT_SECONDS:g} s: using the 5,000-digit sample")
+        raise UserError(f"{data_name} is not prepared in {where} and {probe['via']} "
+                        "cannot be reached; prepare it there, or use --data-source sample")
+    silence = (f"did not answer within {PROBE_TIMEOUT_SECONDS:g} s"
+               if probe["verdict"] == SILENT else "cannot be reached")
+    return SampleSource(f"{data_name} is not prepared in {where} and {probe['via']} "
+                        f"{silence}: using the 5,000-digit sample")
 
 
 def _tfrecord_source(data_name, folder):

@@ -282,6 +282,34 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
                     "worker with the same flags, data and number of devices")
 
 
+def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
+    """`decide()`, taken once by the chief and handed to every worker (a JSON value).
+
+    A decision that hangs on the network or the clock (is tfds' host
+    answering?) would come out differently on a slow worker; the workers
+    would then disagree, and stop. The chief decides and posts the answer to
+    the coordination service's key-value store; the others wait for it
+    there. Private TensorFlow API, as check_workers_agree's.
+    """
+    if cluster is None or cluster.task_type == EVALUATOR:
+        return decide()
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    key = f"pyimagesearch/decided/{topic}"
+    runtime = context.context()
+    if cluster.is_chief:
+        value = decide()
+        runtime.set_config_key_value(key, json.dumps(value))
+        return value
+    try:
+        return json.loads(runtime.get_config_key_value(key,
+                                                       timeout_in_ms=int(timeout_s * 1000)))
+    except tf.errors.OpError as error:
+        raise UserError(f"{cluster.name} did not get the chief's answer on the {topic} "
+                        f"within {timeout_s:g} s ({first_line(error)})") from error
+
+
 def peer_lost(cluster, error):
     """The PeerLost line for `error`, if it is a collective's failing because a peer died; else None.
 
