@@ -265,9 +265,11 @@ def plan(device, args, strategy):
         network = lambda: answer  # noqa: E731
     source = resolve_source(settings.data_source, config.DATA_NAME,
                             resolve_data_dir(settings.data_dir), network)
-    if node and getattr(source, "prepared_locally", False):
+    if node and getattr(source, "on_local_disk", False):
+        # refused before tfds downloads anything: the download would land here
+        what = "prepared on" if source.prepared else "downloaded to"
         raise UserError(f"a TPU Node ({node}) reads its data itself, and cannot read "
-                        f"{source.data_name} prepared on this machine ({source.reason}); "
+                        f"{source.data_name} {what} this machine's disk ({source.reason}); "
                         "give --data-dir gs://... (tfds or TFRecords), or use "
                         "--data-source sample")
     print(f"[INFO] data source: {source.label} ({source.reason})")

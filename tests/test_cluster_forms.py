@@ -6,6 +6,7 @@ are reachable from this machine alone.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 
 import train_cpu
+from pyimagesearch.training import cluster as cluster_module
+from pyimagesearch.training import workarounds
 from pyimagesearch.training.cluster import Cluster, wait_for_peers
 from pyimagesearch.training.errors import PeerLost, UserError
 
@@ -294,3 +297,37 @@ def test_sigterm_and_ctrl_c_stop_a_worker_waiting_for_its_peers(repo, tmp_path, 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], err
     assert os.listdir(tmp_path) == []
+
+
+_TWO_WORKERS = Cluster(workers=2, task_type="worker", task_index=1, has_chief=False)
+
+
+@pytest.mark.parametrize("module, name, call", [
+    ("tensorflow.python.distribute.multi_worker_util", "coordination_leader",
+     lambda: workarounds.bound_cluster_start(1)),
+    ("tensorflow.python.distribute.failure_handling.failure_handling_util",
+     "detect_platform", lambda: workarounds.preemption_handler_acts()),
+    ("tensorflow.python.eager.context.Context", "set_config_key_value",
+     lambda: cluster_module.check_workers_agree(_TWO_WORKERS, {"epochs": 1})),
+    ("tensorflow.python.eager.context.Context", "get_config_key_value",
+     lambda: cluster_module.shared_decision(_TWO_WORKERS, "network", dict)),
+])
+def test_a_private_tensorflow_api_that_is_gone_is_one_line_naming_the_version(
+        monkeypatch, module, name, call):
+    import importlib
+
+    import tensorflow as tf
+
+    owner, _, attribute = module.rpartition(".")
+    try:
+        target = importlib.import_module(module)
+    except ImportError:  # a class: its module, then the class
+        target = getattr(importlib.import_module(owner), attribute)
+    monkeypatch.delattr(target, name)
+    with pytest.raises(UserError, match=rf"^TensorFlow {re.escape(tf.__version__)} lacks .*"
+                                        r"install TensorFlow 2\.20 or 2\.21"):
+        call()
+
+
+def test_a_preemption_handler_without_its_stop_methods_is_left_to_its_own_end():
+    workarounds.stop_preemption_handler(object())  # nothing to call: no error

@@ -518,6 +518,29 @@ def test_a_tpu_node_refuses_mnist_prepared_on_this_machine(tmp_path, monkeypatch
     monkeypatch.setattr(sources, "tfds_prepared", lambda name, data_dir: True)
     monkeypatch.setattr(sources, "is_stand_in", lambda name, data_dir: False)
     args = cli.parse_args("tpu", "", ["--data-dir", str(tmp_path / "tfds")])
-    with pytest.raises(UserError, match=r"cannot read mnist prepared on this machine .*"
-                                        r"--data-dir gs://"):
+    with pytest.raises(UserError, match=r"cannot read mnist prepared on this machine's disk "
+                                        r".*--data-dir gs://"):
         cli.plan("tpu", args, _TpuNode())
+
+
+@pytest.mark.parametrize("source", ["auto", "tfds"])
+def test_a_tpu_node_refuses_mnist_before_downloading_it_here(tmp_path, monkeypatch, source):
+    # not prepared, the network answers: tfds would download to this machine's
+    # disk, which the Node's host cannot read; refused before any download
+    import tensorflow_datasets as tfds
+
+    from pyimagesearch import cli
+    from pyimagesearch.datasets import sources
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("nothing may be downloaded for a TPU Node's local data dir")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tfds, "load", no_download)
+    monkeypatch.setattr(sources, "probe_network", lambda: {"verdict": sources.ANSWERS,
+                                                           "via": "storage.googleapis.com:443"})
+    args = cli.parse_args("tpu", "", ["--data-source", source, "--data-dir", "tfds"])
+    with pytest.raises(UserError, match=r"cannot read mnist downloaded to this machine's "
+                                        r"disk .*--data-dir gs://"):
+        cli.plan("tpu", args, _TpuNode())
+    assert not (tmp_path / "tfds").exists()

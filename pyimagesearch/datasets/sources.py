@@ -108,8 +108,9 @@ class TfdsSource(Source):
                  prepared=False):
         super().__init__(reason)
         self.data_dir, self.stand_in, self.data_name = data_dir, stand_in, data_name
-        # read from files of this machine (not tfds' bucket, not gs://)
-        self.prepared_locally = prepared and "://" not in (data_dir or "")
+        self.prepared = prepared
+        # read from (or first downloaded to) files of this machine, not gs://
+        self.on_local_disk = "://" not in (data_dir or "")
 
     @property
     def label(self):

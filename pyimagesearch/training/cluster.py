@@ -260,11 +260,16 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
     if cluster is None:
         return
     import tensorflow as tf
-    from tensorflow.python.eager import context
+
+    from pyimagesearch.training.workarounds import private_api
 
     me = f"{cluster.task_type}:{cluster.task_index}"
-    runtime = context.context()
-    runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
+    with private_api("the coordination service's key-value store"):
+        from tensorflow.python.eager import context
+
+        runtime = context.context()
+        runtime.get_config_key_value  # noqa: B018 (there, or one line now)
+        runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
     for other in cluster.tasks:
         if other == me:
             continue
@@ -294,10 +299,15 @@ def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
     if cluster is None or cluster.task_type == EVALUATOR:
         return decide()
     import tensorflow as tf
-    from tensorflow.python.eager import context
+
+    from pyimagesearch.training.workarounds import private_api
 
     key = f"pyimagesearch/decided/{topic}"
-    runtime = context.context()
+    with private_api("the coordination service's key-value store"):
+        from tensorflow.python.eager import context
+
+        runtime = context.context()
+        runtime.get_config_key_value  # noqa: B018 (there, or one line now)
     if cluster.is_chief:
         value = decide()
         runtime.set_config_key_value(key, json.dumps(value))

@@ -302,6 +302,25 @@ class local_cpu_devices:
         return False
 
 
+@contextlib.contextmanager
+def private_api(what):
+    """A private TensorFlow API that is gone (renamed, moved) is one line naming the version.
+
+    Every real cluster run goes through the hooks below; a TensorFlow other
+    than those CI runs (2.20, 2.21) may lack one, and would print a traceback.
+    """
+    try:
+        yield
+    except (ImportError, AttributeError) as error:
+        import tensorflow as tf
+
+        from pyimagesearch.training.errors import UserError  # here: see plain_device_buffers
+
+        raise UserError(f"TensorFlow {tf.__version__} lacks {what} ({error}), a private API "
+                        "that multi-worker runs use; install TensorFlow 2.20 or 2.21, the "
+                        "versions this repo is tested with") from error
+
+
 def bound_cluster_start(timeout_s):
     """Make MultiWorkerMirroredStrategy give up after `timeout_s` waiting for the workers.
 
@@ -313,23 +332,25 @@ def bound_cluster_start(timeout_s):
     """
     import tensorflow as tf
 
-    # the protobuf module as the strategy itself imports it (its path moves)
-    from tensorflow.python.distribute import collective_all_reduce_strategy as car
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
+    with private_api("the coordination service's configuration"):
+        # the protobuf module as the strategy itself imports it (its path moves)
+        from tensorflow.python.distribute import collective_all_reduce_strategy as car
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
 
-    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
-    jobs = [car.coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
-            for job in ("chief", "worker") if job in spec.jobs]
-    runtime = context.context()
-    runtime.configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(spec),
-        coordinated_jobs=jobs, cluster_register_timeout_in_ms=int(timeout_s * 1000))
-    # the limit covers the service's own task too only when registering
-    # waits at a barrier for all tasks (the service's leader otherwise waits
-    # for the others with no limit)
-    runtime.coordination_service.cluster_register_with_barrier = True
+        spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+        jobs = [car.coordination_config_pb2.CoordinatedJob(name=job,
+                                                           num_tasks=spec.num_tasks(job))
+                for job in ("chief", "worker") if job in spec.jobs]
+        leader = multi_worker_util.coordination_leader(spec)
+        runtime = context.context()
+        runtime.configure_coordination_service(
+            service_type="standalone", service_leader=leader, coordinated_jobs=jobs,
+            cluster_register_timeout_in_ms=int(timeout_s * 1000))
+        # the limit covers the service's own task too only when registering
+        # waits at a barrier for all tasks (the service's leader otherwise waits
+        # for the others with no limit)
+        runtime.coordination_service.cluster_register_with_barrier = True
 
 
 def preemption_handler_acts():
@@ -340,12 +361,13 @@ def preemption_handler_acts():
     all ("does not support usage with TPU or CPU device on GCP",
     failure_handling.py). Elsewhere, and on GPU VMs, it acts.
     """
-    from tensorflow.python.distribute.failure_handling import (
-        failure_handling_util as util,
-    )
+    with private_api("failure_handling_util.detect_platform"):
+        from tensorflow.python.distribute.failure_handling import (
+            failure_handling_util as util,
+        )
 
-    return util.detect_platform() not in (util.PlatformDevice.GCE_CPU,
-                                          util.PlatformDevice.GCE_TPU)
+        return util.detect_platform() not in (util.PlatformDevice.GCE_CPU,
+                                              util.PlatformDevice.GCE_TPU)
 
 
 def stop_preemption_handler(handler):
@@ -355,5 +377,8 @@ def stop_preemption_handler(handler):
     stops them itself only in its __del__, which a thread that still holds
     it never lets run.
     """
-    handler._stop_cluster_wise_termination_watcher_thread()
-    handler._stop_poll_termination_signal_thread()
+    # training is over: a TensorFlow without these stops them in __del__ (no
+    # reason to lose the run for it)
+    for name in ("_stop_cluster_wise_termination_watcher_thread",
+                 "_stop_poll_termination_signal_thread"):
+        getattr(handler, name, lambda: None)()
