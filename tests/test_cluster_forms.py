@@ -20,7 +20,7 @@ import pytest
 import train_cpu
 from pyimagesearch.training import cluster as cluster_module
 from pyimagesearch.training import workarounds
-from pyimagesearch.training.cluster import Cluster, wait_for_peers
+from pyimagesearch.training.cluster import Cluster, read_tf_config, wait_for_peers
 from pyimagesearch.training.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
@@ -331,3 +331,92 @@ def test_a_private_tensorflow_api_that_is_gone_is_one_line_naming_the_version(
 
 def test_a_preemption_handler_without_its_stop_methods_is_left_to_its_own_end():
     workarounds.stop_preemption_handler(object())  # nothing to call: no error
+
+
+# --- a Kubernetes JobSet: TF_CONFIG built from the pod's index -----------------------
+
+JOBSET_POD = {"JOBSET_NAME": "autoencoder", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0",
+              "WORKERS": "2"}
+
+
+def _pod(index, **more):
+    return {**JOBSET_POD, "JOB_COMPLETION_INDEX": str(index), **more}
+
+
+def test_a_jobset_pod_builds_the_tf_config_of_its_index():
+    from pyimagesearch.platforms import jobset
+
+    built = [json.loads(jobset.tf_config(_pod(i))) for i in range(2)]
+    hosts = ["autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]
+    assert [spec["cluster"] for spec in built] == [{"worker": hosts}] * 2
+    assert [spec["task"] for spec in built] == [{"type": "worker", "index": i} for i in (0, 1)]
+    one = json.loads(jobset.tf_config(_pod(0, WORKERS="1", TF_PORT="65535", JOB_INDEX="3",
+                                           JOBSET_SUBDOMAIN="net")))
+    assert one["cluster"] == {"worker": ["autoencoder-worker-3-0.net:65535"]}
+    # read_tf_config builds it only where TF_CONFIG is not set: one given wins
+    environ = _pod(1)
+    cluster = read_tf_config(environ)
+    assert (cluster.workers, cluster.task_index, cluster.is_chief) == (2, 1, False)
+    assert json.loads(environ["TF_CONFIG"])["task"]["index"] == 1
+    given = _pod(1, TF_CONFIG=json.dumps({"cluster": {"worker": ["a:1", "b:2", "c:3"]},
+                                          "task": {"type": "worker", "index": 2}}))
+    assert read_tf_config(given).workers == 3
+    assert read_tf_config({"JOB_COMPLETION_INDEX": "0"}) is None  # an Indexed Job, no JobSet
+
+
+@pytest.mark.parametrize("changes, complaint", [
+    ({"WORKERS": ""}, "lacks WORKERS"),
+    ({"JOB_INDEX": " "}, "lacks JOB_INDEX"),
+    ({"WORKERS": "0"}, "WORKERS must be a whole number from 1 to 10000"),
+    ({"WORKERS": "10001"}, "from 1 to 10000"),
+    ({"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX must be a whole number from 0 to 1"),
+    ({"JOB_COMPLETION_INDEX": "-1"}, "from 0 to 1"),
+    ({"TF_PORT": "0"}, "TF_PORT must be a whole number from 1 to 65535"),
+    ({"TF_PORT": "65536"}, "from 1 to 65535"),
+    ({"TF_PORT": "\u0662"}, "from 1 to 65535"),
+])
+def test_a_jobset_pod_without_what_it_needs_is_one_line(changes, complaint):
+    with pytest.raises(UserError, match=complaint):
+        read_tf_config({**_pod(0), **changes})
+
+
+def _manifest_env(repo):
+    """The environment the JobSet manifest in the docs gives its pods (names and values)."""
+    text = (repo / "docs" / "fault-tolerance-and-tensorboard.md").read_text()
+    block = text.split("kind: JobSet", 1)[1].split("```", 1)[0]
+    names = re.findall(r"name: ([A-Z_]+)", block)
+    labels = dict(re.findall(r"name: ([A-Z_]+)\n\s+valueFrom: .*'jobset\.sigs\.k8s\.io/"
+                             r"([a-z-]+)'", block))
+    values = dict(re.findall(r"name: ([A-Z_]+), value: \"(\w+)\"", block))
+    name = re.search(r"metadata:\n  name: ([\w-]+)", block)[1]
+    replicated = re.search(r"replicatedJobs:\n    - name: ([\w-]+)", block)[1]
+    assert re.search(r"parallelism: (\d+)", block)[1] == values["WORKERS"]
+    from_labels = {"jobset-name": name, "replicatedjob-name": replicated, "job-index": "0"}
+    return {env: values.get(env) or from_labels[labels[env]] for env in names}
+
+
+def test_real_processes_with_the_manifests_pod_environment_build_one_cluster(repo, tmp_path):
+    # two train_gpu.py processes, given what the docs' JobSet gives pod 0 and pod 1;
+    # the pods' names resolve only in the cluster, so each stops when its peers do
+    # not answer within --startup-timeout, after saying the TF_CONFIG it built
+    # each pod in a network namespace of its own, as pods are: both listen on 2222
+    if subprocess.run(["unshare", "--net", "--map-root-user", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs network namespaces (unshare --net)")
+    environ = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    pods = [subprocess.Popen(
+        ["unshare", "--net", "--map-root-user", sys.executable, "train_gpu.py", "--rehearse", "1", "--startup-timeout", "1",
+         "--data-source", "sample", "--output-dir", str(tmp_path / f"pod{index}")],
+        cwd=repo, env={**environ, **_manifest_env(repo), "JOB_COMPLETION_INDEX": str(index)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    built = []
+    for pod in pods:
+        out, err = pod.communicate(timeout=180)
+        assert pod.returncode == 138, err  # no peer answered: retried by the JobSet
+        said = [line for line in out.splitlines() if "TF_CONFIG built from" in line]
+        assert len(said) == 1, out
+        built.append(json.loads(said[0].split(": ", 1)[1]))
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert built[0]["cluster"] == built[1]["cluster"] == {"worker": [
+        "autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]}
+    assert [spec["task"]["index"] for spec in built] == [0, 1]

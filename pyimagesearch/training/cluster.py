@@ -2,7 +2,7 @@
 
 Every process of a cluster gets a `TF_CONFIG` environment variable, set by
 hand, by `tools/launch_workers.py`, or by the platform (Vertex AI custom training,
-Kubeflow's TFJob, a GKE job):
+Kubeflow's TFJob), or built here from a Kubernetes JobSet pod's index:
 
     {"cluster": {"worker": ["host-a:12345", "host-b:12345"]},
      "task": {"type": "worker", "index": 0}}
@@ -27,6 +27,7 @@ import re
 import socket
 import time
 
+from pyimagesearch.platforms import jobset
 from pyimagesearch.training.errors import PeerLost, UserError, first_line
 
 ROLES = ("chief", "worker")  # the task types that train; no parameter servers here
@@ -79,9 +80,13 @@ def read_tf_config(environ=os.environ):
       the scripts end at once (validation runs inside training).
 
     Anything else malformed (not JSON, a task outside the cluster, parameter
-    servers) raises UserError.
+    servers) raises UserError. In a pod of a Kubernetes JobSet, which sets no
+    TF_CONFIG, it is built from the pod's index (platforms/jobset.py).
     """
     text = environ.get("TF_CONFIG", "").strip()
+    if not text and jobset.is_jobset_pod(environ):
+        text = environ["TF_CONFIG"] = jobset.tf_config(environ)
+        print(f"[INFO] TF_CONFIG built from this JobSet pod's index: {text}", flush=True)
     if not text:
         environ.pop("TF_CONFIG", None)
         return None
