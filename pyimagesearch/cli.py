@@ -469,6 +469,7 @@ def _late_signal(signum, frame=None):
         sys.stdout.flush()
     except (OSError, ValueError):  # nobody left to read it: the status says it
         pass
+    _stderr_whole()
     os._exit(128 + signum)
 
 
@@ -493,7 +494,15 @@ def _at_the_very_end():
         pass
     # what is left of Python's exit and TensorFlow's would run with both signals
     # blocked, and a signal then would be lost: there is nothing left to do
+    _stderr_whole()
     os._exit(0)
+
+
+def _stderr_whole():
+    """Before os._exit: every line given to stderr has reached it (through the cluster's filter)."""
+    from pyimagesearch.training.workarounds import end_collective_noise_filter
+
+    end_collective_noise_filter()
 
 
 def _write_refused(error):
@@ -616,6 +625,7 @@ def run_main(main, argv=None):
         if isinstance(error, (PeerLost, Preempted)):
             sys.stdout.flush()
             sys.stderr.flush()
+            _stderr_whole()
             # an orderly exit would wait on peers that are gone or going
             os._exit(error.exit_status)
         sys.exit(error.exit_status)
@@ -625,6 +635,7 @@ def run_main(main, argv=None):
         print(f"interrupted; {_on_disk()}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        _stderr_whole()
         os._exit(130)  # TensorFlow's shutdown could wait on workers still starting
     finally:
         sys.unraisablehook = default_hook

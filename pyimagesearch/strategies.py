@@ -30,8 +30,9 @@ from pyimagesearch.platforms.host import detect
 from pyimagesearch.training.cluster import (answers, collective_communication,
                                             gave_up_waiting, missing_peers, wait_for_peers)
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.workarounds import (bound_cluster_start, local_cpu_devices,
-                                                native_stderr_quiet, plain_device_buffers)
+from pyimagesearch.training.workarounds import (bound_cluster_start, filter_collective_noise,
+                                                local_cpu_devices, native_stderr_quiet,
+                                                plain_device_buffers)
 
 
 def cpu_only():
@@ -282,6 +283,7 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
     (None: for ever) it gives up with one line naming who is missing.
     """
     wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
+    filter_collective_noise()  # a lost peer is one line, not TensorFlow's gRPC errors too
     if rehearse:
         cpu_only()
         if rehearse > 1:

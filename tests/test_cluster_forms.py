@@ -420,3 +420,47 @@ def test_real_processes_with_the_manifests_pod_environment_build_one_cluster(rep
     assert built[0]["cluster"] == built[1]["cluster"] == {"worker": [
         "autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]}
     assert [spec["task"]["index"] for spec in built] == [0, 1]
+
+
+# what TensorFlow printed on a worker whose chief was SIGKILLed (TensorFlow 2.21)
+ABORTED_COLLECTIVE = """\
+E0000 00:00:1796200363.697002    6942 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: recvmsg:Connection reset by peer
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", grpc_status:14}
+E0000 00:00:1796200363.697235    6942 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer
+W0000 00:00:1796200363.697423    7083 local_rendezvous.cc:412] Local rendezvous is aborting with status: UNAVAILABLE: Collective ops is aborted by: recvmsg:Connection reset by peer
+The error could be from a previous operation. Restart your program to reset.
+\t [[{{function_node __inference_train_step_1247}}{{node adam/CollectiveReduceV2}}]] [type.googleapis.com/tensorflow.DerivedStatus='']
+"""
+KEPT = """\
+E0000 00:00:1796200363.100000    6942 cuda_dnn.cc:1] Could not create cudnn handle
+a line of Python's own
+train_gpu.py: error: worker 1 lost a peer of its 2-worker cluster and stopped
+"""
+
+# a process that filters its stderr as a cluster's workers do, writes `ABORTED_COLLECTIVE`
+# and KEPT to fd 2 as TensorFlow's C++ would, then ends as argv[1] says: "exit" through
+# run_main's os._exit path, "abort" in a crash (its filter must still pass the last words)
+FILTERED = r"""
+import os, sys
+from pyimagesearch.training import workarounds
+workarounds.filter_collective_noise()
+os.write(2, os.environ["NOISE"].encode())
+os.write(2, os.environ["KEPT"].encode())
+if sys.argv[1] == "abort":
+    os.abort()
+workarounds.end_collective_noise_filter()
+os._exit(138)
+"""
+
+
+@pytest.mark.parametrize("ending, status", [("exit", 138), ("abort", -signal.SIGABRT)])
+def test_a_lost_peer_leaves_only_its_one_line_and_a_crash_keeps_its_last_words(
+        repo, ending, status):
+    done = subprocess.run([sys.executable, "-c", FILTERED, ending], cwd=repo,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NOISE": ABORTED_COLLECTIVE, "KEPT": KEPT,
+                               "PYIMAGESEARCH_VERBOSE_TF": ""})
+    assert done.returncode == status
+    # after an abort too: the filter drains the pipe once its writer has died
+    assert done.stderr == KEPT

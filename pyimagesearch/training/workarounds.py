@@ -12,6 +12,8 @@
 5. `preemption_handler_acts` and `stop_preemption_handler`: where
    TensorFlow's PreemptionCheckpointHandler does anything, and stopping its
    watcher threads when training ends.
+6. `filter_collective_noise`: in a cluster, TensorFlow's C++ lines about a
+   collective aborted by a lost peer off stderr (the run says it in one line).
 
 The hooks reach into private TensorFlow API; tests check that they still
 exist in the TensorFlow versions CI runs (2.20 and 2.21).
@@ -382,3 +384,79 @@ def stop_preemption_handler(handler):
     for name in ("_stop_cluster_wise_termination_watcher_thread",
                  "_stop_poll_termination_signal_thread"):
         getattr(handler, name, lambda: None)()
+
+
+# --- a lost peer, said once ---------------------------------------------------------
+#
+# When a peer of a cluster dies, TensorFlow's C++ runtime logs the aborted
+# collective straight to fd 2 ("Aborting RingReduce", "Collective ops is
+# aborted by", gRPC's continuation lines) before Python hears of it; the run
+# then says the same in its one line (cluster.peer_lost). In a cluster, fd 2
+# goes through a filter process that drops those records and passes every
+# other line on at once. A process, not a thread: if this one dies of a
+# crash, the filter still reads the pipe to its end, so no last words are lost.
+
+_COLLECTIVE_ABORT = ("RingReduce", "StartAbort", "Collective ops is aborted",
+                     "Local rendezvous is aborting", "CollectiveReduce", "CollectiveGather",
+                     "CollectiveBcast", "Connection reset by peer", "Socket closed")
+_FILTER = r"""
+import os, re, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
+record = re.compile(rb"^[EW]\d{4} \d\d:\d\d:\d\d")
+aborted = tuple(word.encode() for word in sys.argv[1:])
+continued = (b"Additional GRPC error information", b":UNKNOWN:", b"\t [[",
+             b"The error could be from a previous operation")
+dropping = False
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if record.match(line):
+        dropping = any(word in line for word in aborted)
+    elif dropping and not line.startswith(continued):
+        dropping = False
+    if not dropping:
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            pass  # nobody reads stderr any more: keep draining the pipe
+"""
+_noise_filter = {}
+
+
+def filter_collective_noise():
+    """Send fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF)."""
+    if _noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
+        return
+    sys.stderr.flush()
+    real = os.dup(2)
+    reader, writer = os.pipe()
+    try:
+        process = subprocess.Popen([sys.executable, "-c", _FILTER, *_COLLECTIVE_ABORT],
+                                   stdin=reader, stdout=real, stderr=subprocess.DEVNULL)
+    except OSError:  # no filter: the lines pass as they are
+        os.close(writer)
+        os.close(real)
+        return
+    finally:
+        os.close(reader)
+    os.dup2(writer, 2)
+    os.close(writer)
+    _noise_filter.update(real=real, process=process)
+
+
+def end_collective_noise_filter(timeout_s=5.0):
+    """fd 2 back to the real stderr, after the filter has passed on all it was given."""
+    if not _noise_filter:
+        return
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.dup2(_noise_filter["real"], 2)  # the pipe's last writer closes: the filter drains, ends
+    os.close(_noise_filter["real"])
+    try:
+        _noise_filter["process"].wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _noise_filter["process"].kill()
+    _noise_filter.clear()
