@@ -448,8 +448,11 @@ def _guard_the_exit(main):
     ends: the handler then says so and exits 143 (preemption.run_ended), but
     late in Python's exit the signal gets its default action back, and the
     process would die of it (status -15), saying nothing. An exit hook,
-    registered before TensorFlow's and so run after them, blocks SIGTERM and
-    Ctrl-C, says one that came, and ends the script's process itself.
+    registered as the first run starts (so it runs after the hooks of what
+    the run imported, such as autograph's), blocks SIGTERM and Ctrl-C, says
+    one that came, flushes logging and ends the script's process itself: the
+    hooks registered before it (matplotlib's figures, multiprocessing's,
+    pybind11's) have nothing left to do in a run that has written its outputs.
     """
     _process.update(over=False, main=main, resumable=False, cluster=None)
     if _process.get("hooked"):
