@@ -502,7 +502,7 @@ def _at_the_very_end():
 
 
 def _stderr_whole():
-    """Before os._exit: every line given to stderr has reached it (through the cluster's filter)."""
+    """Before os._exit: every line given to stderr has reached it (the cluster's filter)."""
     from pyimagesearch.training.workarounds import end_collective_noise_filter
 
     end_collective_noise_filter()

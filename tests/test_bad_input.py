@@ -855,7 +855,8 @@ if how == "after":
 """
 
 
-@pytest.mark.parametrize("how, sig, status", [("after", "SIGTERM", 143), ("none", None, 0)])
+@pytest.mark.parametrize("how, sig, status", [
+    ("after", "SIGTERM", 143), pytest.param("none", None, 0, marks=pytest.mark.slow)])
 def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how, sig, status):
     import subprocess
     import sys

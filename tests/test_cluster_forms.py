@@ -395,6 +395,7 @@ def _manifest_env(repo):
     return {env: values.get(env) or from_labels[labels[env]] for env in names}
 
 
+@pytest.mark.slow  # 12 s; the default run builds each pod's TF_CONFIG in this process
 def test_real_processes_with_the_manifests_pod_environment_build_one_cluster(repo, tmp_path):
     # two train_gpu.py processes, given what the docs' JobSet gives pod 0 and pod 1;
     # the pods' names resolve only in the cluster, so each stops when its peers do
@@ -405,7 +406,8 @@ def test_real_processes_with_the_manifests_pod_environment_build_one_cluster(rep
         pytest.skip("needs network namespaces (unshare --net)")
     environ = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
     pods = [subprocess.Popen(
-        ["unshare", "--net", "--map-root-user", sys.executable, "train_gpu.py", "--rehearse", "1", "--startup-timeout", "1",
+        ["unshare", "--net", "--map-root-user", sys.executable, "train_gpu.py", "--rehearse",
+         "1", "--startup-timeout", "1",
          "--data-source", "sample", "--output-dir", str(tmp_path / f"pod{index}")],
         cwd=repo, env={**environ, **_manifest_env(repo), "JOB_COMPLETION_INDEX": str(index)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in (0, 1)]

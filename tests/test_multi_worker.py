@@ -175,7 +175,9 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.slow  # 33 s; the default run keeps a cluster that stops on a signal
+# slow (33 s): the default run stops a waiting worker by a signal (test_cluster_forms.py),
+# and stand-in workers by every signal (test_launcher.py)
+@pytest.mark.slow
 def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
                      "--output-dir", str(tmp_path)])
@@ -205,10 +207,12 @@ def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
     assert not any(_alive(pid) for pid in run.pids.values())
 
 
+# slow: tests/test_launcher.py stops stand-in workers by every signal in the default run
 @pytest.mark.parametrize("sig, status, said", [
     pytest.param(signal.SIGINT, 130, "stopped by SIGINT; all workers stopped",
                  marks=pytest.mark.slow),
-    (signal.SIGTERM, 143, "stopped by SIGTERM; all workers stopped")])
+    pytest.param(signal.SIGTERM, 143, "stopped by SIGTERM; all workers stopped",
+                 marks=pytest.mark.slow)])
 def test_ctrl_c_or_sigterm_to_the_launcher_stops_every_worker(launch, tmp_path, sig, status,
                                                              said):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",

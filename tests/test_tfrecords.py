@@ -227,10 +227,12 @@ cli.run_main(write_tfrecords.main, args)
 """
 
 
+# slow: the swap itself is stopped at each of its steps in tests/test_bad_input.py
 @pytest.mark.parametrize("how, status, said, holds", [
     ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
-    ("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2),
-    ("kill", -9, None, None)])
+    pytest.param("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2,
+                 marks=pytest.mark.slow),
+    pytest.param("kill", -9, None, None, marks=pytest.mark.slow)])
 def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_which(
         repo, tmp_path, how, status, said, holds):
     import subprocess

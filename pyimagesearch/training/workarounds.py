@@ -425,7 +425,7 @@ _noise_filter = {}
 
 
 def filter_collective_noise():
-    """Send fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF)."""
+    """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF)."""
     if _noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
         return
     sys.stderr.flush()
