@@ -435,9 +435,10 @@ def check_output_dir(path):
                         f"{first_line(error)}{hint}") from error
 
 
-# parse_args' cluster; a signal Python dropped; the run ended well; the script's main()
+# parse_args' cluster; a signal Python dropped; the run ended well; the script's main();
+# a training script's run; the exit hook is in place
 _process = {"cluster": None, "dropped": None, "over": False, "main": None,
-            "resumable": False}
+            "resumable": False, "hooked": False}
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -455,7 +456,7 @@ def _guard_the_exit(main):
     pybind11's) have nothing left to do in a run that has written its outputs.
     """
     _process.update(over=False, main=main, resumable=False, cluster=None)
-    if _process.get("hooked"):
+    if _process["hooked"]:
         return
     import atexit
 

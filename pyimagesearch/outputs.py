@@ -19,57 +19,12 @@ import tensorflow as tf
 from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered for load_model)
 from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
 from pyimagesearch.training.cluster import collective_communication
-from pyimagesearch.training.errors import UserError, first_line
 from pyimagesearch.training.files import join, scratch_folder, write_json
-from pyimagesearch.training.publish import publish, published
-
-_WRITE_FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
-
+from pyimagesearch.training.publish import StagedOutputs, published
 
 def load_model(path):
     """A model the scripts saved (`outputs/cpu.keras`), its classes registered by this import."""
     return keras.saving.load_model(path)
-
-
-class StagedOutputs:
-    """Collect files in a scratch folder, then move them all into place at once.
-
-    with StagedOutputs(folder) as staged:
-        figure.savefig(staged.path("cpu.png"), format="png")
-    # only here, on success, does cpu.png replace the old one
-    """
-
-    def __init__(self, folder):
-        self.folder = folder
-        self._names = []
-
-    def path(self, name):
-        """A local scratch path for the output called `name` (keeps its suffix)."""
-        self._names.append(name)
-        return os.path.join(self._scratch, name)
-
-    def __enter__(self):
-        self._scratch = scratch_folder("outputs")
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        try:
-            if kind is None:
-                self._publish()
-            elif kind is UserError or issubclass(kind, _WRITE_FAILURES):
-                # Matplotlib or Keras could not write the scratch copy: a full
-                # TMPDIR, say; the one line names where
-                raise UserError(f"cannot write the outputs in the scratch folder "
-                                f"{self._scratch} ({first_line(value)}); free some space "
-                                "there or set TMPDIR to another folder; earlier outputs "
-                                "are untouched") from value
-        finally:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-        return False
-
-    def _publish(self):
-        """Swap the staged files in: the folder then holds the new set, or the old one."""
-        publish(self.folder, {name: os.path.join(self._scratch, name) for name in self._names})
 
 
 class RunOutputs:

@@ -24,18 +24,17 @@ import json
 import math
 import os
 import re
-import shutil
 
 import numpy as np
 import tensorflow as tf
 
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import join, scratch_folder, write_json
+from pyimagesearch.training.files import join, write_json
 from pyimagesearch.datasets.passes import seeded_passes
-from pyimagesearch.training.publish import publish, recover
+from pyimagesearch.training.publish import StagedOutputs, recover
 from pyimagesearch.training.workarounds import native_stderr_quiet
 
-METADATA_NAME = "metadata.json"  # written last: its presence means "finished"
+METADATA_NAME = "metadata.json"  # published with the shards: its presence means "finished"
 FORMAT = "pyimagesearch-tfrecords"
 FORMAT_VERSION = 1           # bump when the record layout changes
 COMPRESSIONS = {"none": "", "gzip": "GZIP"}  # flag value -> TFRecord compression type
@@ -95,20 +94,14 @@ def check_destination(folder, overwrite=False):
     return finished
 
 
-def _write_shard(folder, name, records, compression):
-    """Write `records` to the local scratch `folder`/`name`; its entry in the metadata."""
-    final = os.path.join(folder, name)
+def _write_shard(path, records, compression):
+    """Write `records` to the local scratch file `path`; its entry in the metadata."""
     options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
-    try:
-        with tf.io.TFRecordWriter(final, options) as writer:
-            for record in records:
-                writer.write(record)
-    except (OSError, tf.errors.OpError) as error:
-        raise UserError(f"cannot write the TFRecords in the scratch folder {folder} "
-                        f"({first_line(error)}); free some space there or set TMPDIR to "
-                        "another folder") from error
-    return {"file": name, "records": len(records), "bytes": os.path.getsize(final),
-            "sha256": file_sha256(final)}
+    with tf.io.TFRecordWriter(path, options) as writer:
+        for record in records:
+            writer.write(record)
+    return {"file": os.path.basename(path), "records": len(records),
+            "bytes": os.path.getsize(path), "sha256": file_sha256(path)}
 
 
 def file_sha256(path, chunk=1 << 22):
@@ -147,6 +140,9 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
     shapes = {images.shape[1:] for images, _ in splits.values()}
     if len(shapes) != 1 or any(images.dtype != np.uint8 for images, _ in splits.values()):
         raise ValueError(f"every split must hold uint8 images of one shape, got {shapes}")
+    for split, (images, _) in splits.items():
+        if len(images) == 0:
+            raise UserError(f"the {split} split is empty: nothing to write")
     recover(folder)  # a write killed mid-swap: its old or its new set made whole first
     check_destination(folder, overwrite)
     try:
@@ -154,31 +150,26 @@ def write_folder(folder, splits, dataset, origin, origin_reason, command,
     except (OSError, tf.errors.OpError) as error:
         raise UserError(f"cannot write to {folder}: {first_line(error)}") from error
     # every file is written to a local scratch folder first, then the whole set
-    # replaces the old one in `folder` (publish): the folder holds the old
-    # TFRecords or the new ones, whatever stops the process on the way
-    scratch = scratch_folder("tfrecords")
-    try:
-        metadata = _write_staged(scratch, splits, dataset, origin, origin_reason, command,
+    # replaces the old one in `folder`: the folder holds the old TFRecords or
+    # the new ones, whatever stops the process on the way (a full scratch
+    # folder is one line naming it)
+    with StagedOutputs(folder) as staged:
+        metadata = _write_staged(staged, splits, dataset, origin, origin_reason, command,
                                  shards, compression, shapes.pop())
-        publish(folder, {name: os.path.join(scratch, name) for name in os.listdir(scratch)})
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     _remove_stale(folder, metadata["splits"], {
         shard["file"] for entry in metadata["splits"].values() for shard in entry["shards"]})
     return metadata
 
 
-def _write_staged(scratch, splits, dataset, origin, origin_reason, command, shards,
+def _write_staged(staged, splits, dataset, origin, origin_reason, command, shards,
                   compression, shape):
-    """Write every shard and the metadata into the local `scratch` folder; the metadata."""
+    """Write every shard and the metadata as `staged` files; the metadata."""
     listing = {}
     for split, (images, labels) in splits.items():
         count = min(shards, len(images))
-        if count == 0:
-            raise UserError(f"the {split} split is empty: nothing to write")
         parts = np.array_split(np.arange(len(images)), count)
         listing[split] = {"images": int(len(images)), "shards": [
-            _write_shard(scratch, shard_name(split, index, count, compression),
+            _write_shard(staged.path(shard_name(split, index, count, compression)),
                          [serialize(images[i], labels[i]) for i in part], compression)
             for index, part in enumerate(parts)]}
     metadata = {
@@ -199,7 +190,7 @@ def _write_staged(scratch, splits, dataset, origin, origin_reason, command, shar
                     .isoformat(timespec="seconds"),
                     "tensorflow_version": tf.__version__},
     }
-    write_json(os.path.join(scratch, METADATA_NAME), metadata)
+    write_json(staged.path(METADATA_NAME), metadata)
     return metadata
 
 

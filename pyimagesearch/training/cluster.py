@@ -251,6 +251,21 @@ def missing_peers(cluster, timeout_s=2.0):
             if not answers(address, timeout_s)]
 
 
+def _key_value_store():
+    """The coordination service's key-value store (TensorFlow's runtime context).
+
+    Private TensorFlow API: where it is gone, one line naming the version.
+    """
+    from pyimagesearch.training.workarounds import private_api
+
+    with private_api("the coordination service's key-value store"):
+        from tensorflow.python.eager import context
+
+        runtime = context.context()
+        runtime.set_config_key_value, runtime.get_config_key_value  # noqa: B018
+    return runtime
+
+
 def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):
     """Stop every worker, with one line naming the difference, unless all run alike.
 
@@ -266,15 +281,9 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
         return
     import tensorflow as tf
 
-    from pyimagesearch.training.workarounds import private_api
-
     me = f"{cluster.task_type}:{cluster.task_index}"
-    with private_api("the coordination service's key-value store"):
-        from tensorflow.python.eager import context
-
-        runtime = context.context()
-        runtime.get_config_key_value  # noqa: B018 (there, or one line now)
-        runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
+    runtime = _key_value_store()
+    runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
     for other in cluster.tasks:
         if other == me:
             continue
@@ -305,14 +314,8 @@ def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
         return decide()
     import tensorflow as tf
 
-    from pyimagesearch.training.workarounds import private_api
-
     key = f"pyimagesearch/decided/{topic}"
-    with private_api("the coordination service's key-value store"):
-        from tensorflow.python.eager import context
-
-        runtime = context.context()
-        runtime.get_config_key_value  # noqa: B018 (there, or one line now)
+    runtime = _key_value_store()
     if cluster.is_chief:
         value = decide()
         runtime.set_config_key_value(key, json.dumps(value))

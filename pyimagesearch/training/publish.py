@@ -1,5 +1,8 @@
 """Several files into one folder, all of them or none, whatever stops the process on the way.
 
+`StagedOutputs` is how the scripts and tools use it: files written to a
+local scratch folder, then published together (`publish_json` for one).
+
 `publish` copies each staged file beside its destination under a temporary
 name, writes a journal of what it is about to do (`.publish-PID.json`), sets
 the old files aside, renames the new ones into place, and only then marks the
@@ -30,7 +33,7 @@ _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written
 _SPARE = re.compile(r"^\.(?:(?P<name>.+)\.(?P<pid>\d+)\.(?:tmp|old)|publish-(?P<writer>\d+)"
                     r"\.json\.tmp)$")
-_FAILURES = (OSError, tf.errors.OpError)
+_FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
 
 published = []  # folders whose new outputs this process has put in place
 
@@ -70,15 +73,52 @@ def publish(folder, staged):
         _remove(journal)
 
 
+class StagedOutputs:
+    """Collect files in a scratch folder, then move them all into place at once.
+
+    with StagedOutputs(folder) as staged:
+        figure.savefig(staged.path("cpu.png"), format="png")
+    # only here, on success, does cpu.png replace the old one
+    """
+
+    def __init__(self, folder):
+        self.folder = folder
+        self._names = []
+
+    def path(self, name):
+        """A local scratch path for the output called `name` (keeps its suffix)."""
+        self._names.append(name)
+        return os.path.join(self._scratch, name)
+
+    def __enter__(self):
+        self._scratch = scratch_folder("outputs")
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        try:
+            if kind is None:
+                self._publish()
+            elif kind is UserError or issubclass(kind, _FAILURES):
+                # Matplotlib or Keras could not write the scratch copy: a full
+                # TMPDIR, say; the one line names where
+                raise UserError(f"cannot write the outputs in the scratch folder "
+                                f"{self._scratch} ({first_line(value)}); free some space "
+                                "there or set TMPDIR to another folder; earlier outputs "
+                                "are untouched") from value
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        return False
+
+    def _publish(self):
+        """Swap the staged files in: the folder then holds the new set, or the old one."""
+        publish(self.folder, {name: os.path.join(self._scratch, name) for name in self._names})
+
+
 def publish_json(path, content):
     """Write one JSON file (a benchmark's --json) as a set of one: the old file or the new."""
     folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
-    scratch = scratch_folder("json")
-    try:
-        write_json(os.path.join(scratch, name), content)
-        publish(folder or "/", {name: os.path.join(scratch, name)})
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with StagedOutputs(folder or "/") as staged:
+        write_json(staged.path(name), content)
 
 
 def _undo(folder, moves):
