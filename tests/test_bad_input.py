@@ -443,9 +443,10 @@ mode, args = sys.argv[1], sys.argv[2:]
 sys.argv = ["train_cpu.py", *args]
 import tensorflow as tf
 import train_cpu
-from pyimagesearch import cli, outputs
+from pyimagesearch import cli
+from pyimagesearch.training import publish as publishing
 
-real_publish, real_rename = outputs.publish, tf.io.gfile.rename
+real_publish, real_rename = publishing.publish, tf.io.gfile.rename
 
 def publish(folder, staged):
     calls = []
@@ -471,7 +472,7 @@ def publish(folder, staged):
         Finalized()
         gc.collect()
 
-outputs.publish = publish
+publishing.publish = publish
 cli.run_main(train_cpu.main, args)
 if mode == "after":
     os.kill(os.getpid(), signal.SIGTERM)
