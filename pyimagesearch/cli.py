@@ -211,11 +211,18 @@ def build_parser(device, description):
 
 
 def check_output_file(path):
-    """Prove that `path` can be written (its folder is created if needed)."""
-    import tensorflow as tf
+    """Prove that `path` can be written (its folder is created if needed).
 
-    if tf.io.gfile.isdir(path):
-        raise UserError(f"cannot write {path}: it is a folder; give a file name")
+    A symbolic link is followed, as publish_json follows it; a folder, a pipe
+    or a device (`/dev/full`) is refused.
+    """
+    from pyimagesearch.training.files import not_a_file
+
+    kind = not_a_file(path, follow=True)
+    if kind:
+        raise UserError(f"cannot write {path}: it is {kind}, not a file; give a file name")
+    if "://" not in path:
+        path = os.path.realpath(path)  # a dangling link: where its target would be
     check_output_dir(os.path.dirname(path) or ".")
 
 

@@ -98,6 +98,31 @@ def test_a_folder_in_the_way_of_an_output_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json", "c.json"]
 
 
+@pytest.mark.parametrize("kind", ["a symbolic link", "a named pipe", "a socket"])
+def test_a_link_pipe_or_socket_in_the_way_of_an_output_is_left_as_it_is(tmp_path, kind):
+    # a rename over it would replace it: a link to a shared figure, a pipe a
+    # reader waits on (a device, /dev/full, is refused the same way)
+    import socket
+
+    (tmp_path / "a.json").write_text("old")
+    (tmp_path / "elsewhere.json").write_text("target")
+    in_the_way = tmp_path / "b.json"
+    if kind == "a symbolic link":
+        in_the_way.symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "a named pipe":
+        os.mkfifo(in_the_way)
+    else:
+        bound = socket.socket(socket.AF_UNIX)
+        bound.bind(str(in_the_way))
+        bound.close()
+    with pytest.raises(UserError, match=rf"b.json: {kind} has that name; move it away"):
+        _publish(str(tmp_path), ("a.json", "b.json"))
+    assert (tmp_path / "a.json").read_text() == "old"  # untouched, and no temporaries
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json", "elsewhere.json"]
+    assert files.not_a_file(str(in_the_way)) == kind
+    assert (tmp_path / "elsewhere.json").read_text() == "target"
+
+
 def test_an_unreachable_bucket_is_one_line_and_no_local_folder(in_process, monkeypatch,
                                                                tmp_path):
     # offline here: the bucket cannot be reached, and nothing local is created

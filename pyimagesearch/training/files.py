@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import shutil
+import stat
 import tempfile
 
 import tensorflow as tf
@@ -16,6 +17,27 @@ from pyimagesearch.training.errors import UserError, first_line
 def join(folder, name):
     """`folder`/`name` for a local path or a URL such as gs://bucket/out."""
     return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+          (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path, follow=False):
+    """What stands at `path` if it is neither a regular file nor nothing ("a named pipe").
+
+    A file is replaced by renaming a new one over it; a link, a pipe or a device
+    (`/dev/full`) must not be. `follow` looks through symbolic links. A bucket
+    holds only files and folders.
+    """
+    if "://" in path:
+        return "a folder" if tf.io.gfile.isdir(path) else None
+    try:
+        mode = (os.stat if follow else os.lstat)(path).st_mode
+    except OSError:
+        return None  # nothing there (or a dangling link, when followed)
+    return next((kind for test, kind in _KINDS if test(mode)), None)
 
 
 def write_json(path, content):

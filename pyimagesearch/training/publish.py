@@ -26,8 +26,8 @@ import tensorflow as tf
 
 from pyimagesearch.training import preemption
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import (join, read_json, running, scratch_folder,
-                                          write_json)
+from pyimagesearch.training.files import (join, not_a_file, read_json, running,
+                                          scratch_folder, write_json)
 
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written
@@ -44,8 +44,9 @@ def publish(folder, staged):
     moves = [{"name": name, "tmp": f".{name}.{pid}.tmp", "old": f".{name}.{pid}.old",
               "had": tf.io.gfile.exists(join(folder, name))} for name in staged]
     for move in moves:
-        if tf.io.gfile.isdir(join(folder, move["name"])):
-            raise UserError(f"cannot write {join(folder, move['name'])}: a folder has that "
+        kind = not_a_file(join(folder, move["name"]))
+        if kind:  # a rename over it would replace the link, the pipe or the device
+            raise UserError(f"cannot write {join(folder, move['name'])}: {kind} has that "
                             "name; move it away (earlier outputs are untouched)")
     journal = join(folder, f".publish-{pid}.json")
     entry = {"host": socket.gethostname(), "pid": pid, "state": "swapping", "moves": moves}
@@ -115,7 +116,15 @@ class StagedOutputs:
 
 
 def publish_json(path, content):
-    """Write one JSON file (a benchmark's --json) as a set of one: the old file or the new."""
+    """Write one JSON file (a benchmark's --json) as a set of one: the old file or the new.
+
+    A symbolic link is followed: its target gets the file and the link stays.
+    """
+    kind = not_a_file(path, follow=True)
+    if kind:  # `--json /dev/full`: not a file to replace
+        raise UserError(f"cannot write {path}: it is {kind}, not a file; give a file name")
+    if "://" not in path:
+        path = os.path.realpath(path)
     folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
     with StagedOutputs(folder or "/") as staged:
         write_json(staged.path(name), content)
