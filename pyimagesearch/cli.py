@@ -378,9 +378,11 @@ def check_run_flags(settings, is_chief=True):
                             "or leave the flag out")
     check_folders(settings)
     if is_chief:
-        for folder in (settings.output_dir, settings.backup_dir, settings.logdir):
+        for folder, kind in ((settings.output_dir, "output folder"),
+                             (settings.backup_dir, "--backup-dir folder"),
+                             (settings.logdir, "--logdir folder")):
             if folder:
-                check_output_dir(folder)
+                check_output_dir(folder, kind)
         from pyimagesearch.training.publish import recover
 
         recover(settings.output_dir)  # what a run killed while it wrote its outputs left
@@ -415,7 +417,7 @@ def _within(path, folder, real=True):
     return path == folder or path.startswith(folder + "/")
 
 
-def check_output_dir(path):
+def check_output_dir(path, kind="output folder"):
     """Create `path` if needed and prove it is writable, before any training.
 
     Through tf.io.gfile, so a bucket (gs://...) is checked as what it is and
@@ -426,6 +428,10 @@ def check_output_dir(path):
     from pyimagesearch.training.files import join
     from pyimagesearch.training.workarounds import native_stderr_quiet
 
+    if os.path.islink(path) and not os.path.lexists(os.path.realpath(path)):
+        raise UserError(f"cannot write to {kind} {path}: it is a symbolic link to "
+                        f"{os.readlink(path)}, which does not exist; create that folder or "
+                        "give another")
     expected = (OSError, tf.errors.OpError)
     try:
         # a bucket that cannot be reached also logs failed credential look-ups
@@ -438,7 +444,7 @@ def check_output_dir(path):
     except expected as error:
         hint = ("; is the bucket reachable, and are Google Cloud credentials set?"
                 if "://" in path else "")
-        raise UserError(f"cannot write to output folder {path}: "
+        raise UserError(f"cannot write to {kind} {path}: "
                         f"{first_line(error)}{hint}") from error
 
 

@@ -226,6 +226,35 @@ def test_compare_skips_records_with_values_of_the_wrong_type(tmp_path, capsys):
     assert capsys.readouterr().err.count("values of the wrong type") == 2
 
 
+@pytest.mark.parametrize("flag, kind", [("--output-dir", "output folder"),
+                                        ("--backup-dir", "--backup-dir folder"),
+                                        ("--logdir", "--logdir folder")])
+@pytest.mark.parametrize("blocker", ["a file", "a named pipe", "a dangling link",
+                                     "a loop of links"])
+def test_a_folder_flag_on_what_is_not_a_folder_is_one_line_naming_the_flag(tmp_path, flag,
+                                                                          kind, blocker):
+    from pyimagesearch import cli
+
+    path = tmp_path / "in-the-way"
+    if blocker == "a file":
+        path.write_text("kept")
+    elif blocker == "a named pipe":
+        os.mkfifo(path)
+    elif blocker == "a dangling link":
+        path.symlink_to(tmp_path / "gone")
+    else:
+        path.symlink_to(tmp_path / "back")
+        (tmp_path / "back").symlink_to(path)
+    flags = {"--output-dir": str(tmp_path / "out"), flag: str(path)}
+    with pytest.raises(UserError, match=rf"^cannot write to {kind} {path}: ") as refused:
+        cli.parse_args("cpu", "", [arg for pair in flags.items() for arg in pair])
+    if blocker == "a dangling link":
+        assert f"symbolic link to {tmp_path / 'gone'}, which does not exist" in str(refused.value)
+    assert not (tmp_path / "gone").exists()  # nothing made where the link points
+    if blocker == "a file":
+        assert path.read_text() == "kept"
+
+
 def test_benchmark_profile_dir_that_is_a_file_is_one_line(tmp_path):
     import benchmark_pipeline
 

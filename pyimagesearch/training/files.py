@@ -2,6 +2,7 @@
 
 A leaf module: importing it pulls in nothing of Matplotlib or Keras.
 """
+import errno
 import glob
 import json
 import os
@@ -34,9 +35,11 @@ def not_a_file(path, follow=False):
     if "://" in path:
         return "a folder" if tf.io.gfile.isdir(path) else None
     try:
-        mode = (os.stat if follow else os.lstat)(path).st_mode
-    except OSError:
-        return None  # nothing there (or a dangling link, when followed)
+        mode = os.lstat(path).st_mode
+        if follow and stat.S_ISLNK(mode):
+            mode = os.stat(path).st_mode
+    except OSError as error:  # nothing there, or a dangling link (when followed)
+        return "a loop of symbolic links" if error.errno == errno.ELOOP else None
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
 
