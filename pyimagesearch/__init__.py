@@ -29,7 +29,10 @@ with this package's classes registered.
 import os
 import sys
 
-from pyimagesearch.training.workarounds import VERBOSE_ENV, quiet_tensorflow_import
+from pyimagesearch.training.workarounds import (VERBOSE_ENV, open_closed_standard_streams,
+                                                quiet_tensorflow_import)
+
+open_closed_standard_streams()  # `>&-`: no file opened later may take fd 1 or 2
 
 # Keras 3 picks its backend when it is first imported: KERAS_BACKEND, else
 # ~/.keras/keras.json. This package is TensorFlow's (its strategies, tf.data,

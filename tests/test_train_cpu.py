@@ -278,6 +278,45 @@ def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
         assert (tmp_path / f"cpu.{suffix}").is_file()
 
 
+CLOSED_STREAMS = r"""
+import json, os, sys
+import pyimagesearch
+from pyimagesearch import cli
+
+def main(argv):
+    opened = os.open(sys.argv[1] + ".probe", os.O_WRONLY | os.O_CREAT)
+    print("to stdout"), print("to stderr", file=sys.stderr)
+    with open(sys.argv[1], "w") as handle:
+        json.dump({"opened": opened, "stdout": sys.stdout.fileno(),
+                   "stderr": sys.stderr.fileno()}, handle)
+
+cli.run_main(main, [])
+"""
+
+
+@pytest.mark.parametrize("closed", [(1,), (2,), (0, 1, 2)])
+def test_closed_standard_streams_get_dev_null_and_no_file_takes_their_number(repo, tmp_path,
+                                                                            closed):
+    # `python train_cpu.py >&-`: a file opened later took fd 1 (and TensorFlow's
+    # lines went into it), and the exit hook's sys.stdout.flush() was a traceback
+    record = tmp_path / "record.json"
+    process = subprocess.run([sys.executable, "-c", CLOSED_STREAMS, str(record)], cwd=repo,
+                             preexec_fn=lambda: [os.close(fd) for fd in closed], timeout=120)
+    assert process.returncode == 0
+    seen = json.loads(record.read_text())
+    assert seen["opened"] > 2 and (seen["stdout"], seen["stderr"]) == (1, 2), seen
+    assert (tmp_path / "record.json.probe").read_text() == ""  # no line landed in it
+
+
+@pytest.mark.slow
+def test_a_run_with_stdout_and_stderr_closed_writes_its_outputs(repo, tmp_path):
+    process = subprocess.run([sys.executable, "train_cpu.py", *TINY, "--output-dir",
+                              str(tmp_path)], cwd=repo, timeout=300,
+                             preexec_fn=lambda: (os.close(1), os.close(2)))
+    assert process.returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["cpu.json", "cpu.keras", "cpu.png"]
+
+
 @pytest.mark.slow
 def test_a_jax_backend_in_the_environment_is_set_aside_in_one_line(repo, tmp_path):
     # JAX-first TPU images set KERAS_BACKEND=jax; Keras then failed at its first

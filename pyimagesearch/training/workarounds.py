@@ -14,6 +14,9 @@
    watcher threads when training ends.
 6. `filter_collective_noise`: in a cluster, TensorFlow's C++ lines about a
    collective aborted by a lost peer off stderr (the run says it in one line).
+7. `open_closed_standard_streams`: a standard stream the caller closed
+   (`python train_cpu.py >&-`) gets /dev/null, before TensorFlow opens a file
+   that would take its number and receive its C++ lines.
 
 The hooks reach into private TensorFlow API; tests check that they still
 exist in the TensorFlow versions CI runs (2.20 and 2.21).
@@ -190,6 +193,30 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
         if spec is not None and spec.loader is not None:
             spec.loader = _QuietLoader(spec.loader)
         return spec
+
+
+def open_closed_standard_streams():
+    """Give /dev/null to fds 0, 1 and 2 where the caller closed them.
+
+    A closed fd 1 or 2 is the lowest free number: the next file opened (a
+    checkpoint, a record, the temporary file of `native_stderr_quiet`) would
+    take it, and whatever is printed or logged would be written into that
+    file. Python has set the stream to None, where `sys.stdout.flush()`
+    fails: it gets a stream on /dev/null too. What is printed is then lost,
+    as the caller asked, and the run goes on.
+    """
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def quiet_tensorflow_import():
