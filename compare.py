@@ -291,7 +291,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     for folder in args.folders:
         if not os.path.isdir(folder):
-            raise UserError(f"{folder} is not a folder")
+            there = "is not a folder" if os.path.lexists(folder) else "does not exist"
+            raise UserError(f"{folder} {there} (in {os.getcwd()}); name the folders that "
+                            "hold the runs' records, or run this from the repository")
     runs = gather(args.folders)
     if not runs:
         raise UserError(f"no run records in {', '.join(args.folders)}; run "

@@ -918,3 +918,17 @@ def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
     cli._at_the_very_end()
     assert exits == [143]
     assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["missing", "a-file", "outputs"])
+def test_compare_on_a_folder_that_is_not_there_says_where_it_looked(tmp_path, monkeypatch,
+                                                                    given):
+    # `python compare.py` from outside the repository looks for ./outputs
+    import compare
+
+    (tmp_path / "a-file").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    there = "is not a folder" if given == "a-file" else "does not exist"
+    with pytest.raises(UserError, match=rf"^{given} {there} \(in {tmp_path}\); name the"):
+        compare.main([given] if given != "outputs" else [])
+    assert os.listdir(tmp_path) == ["a-file"]
