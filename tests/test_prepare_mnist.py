@@ -148,6 +148,24 @@ def test_gzip_that_is_not_gzip_and_a_broken_gzip(tmp_path):
     assert not (tmp_path / "tfds").exists()
 
 
+@pytest.mark.parametrize("kind", ["a named pipe", "a dangling link", "a folder"])
+def test_an_idx_file_that_is_not_a_regular_file_is_one_line_not_a_wait(tmp_path, kind):
+    # a pipe would block the read for ever; none of these is "not found"
+    source = _write_folder(tmp_path / "idx", _valid_contents(_arrays()))
+    for name in ("t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"):
+        (source / name).unlink(missing_ok=True)
+    path = source / "t10k-labels-idx1-ubyte.gz"
+    if kind == "a named pipe":
+        os.mkfifo(path)
+    elif kind == "a dangling link":
+        path.symlink_to(tmp_path / "gone.gz")
+    else:
+        path.mkdir()
+    with pytest.raises(UserError, match=rf"^{path} is not a regular file; put the downloaded"):
+        prepare_mnist.prepare(str(tmp_path / "tfds"), str(source))
+    assert not (tmp_path / "tfds").exists()
+
+
 def test_an_unpacked_file_with_a_gz_name_is_read_as_what_it_is(tmp_path):
     # some browsers unpack a download and keep the .gz name
     arrays = _arrays()

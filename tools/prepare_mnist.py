@@ -67,6 +67,11 @@ def _read_file(folder, name):
         if os.path.isfile(path):
             break
     else:
+        there = [candidate for candidate in (name + ".gz", name)
+                 if os.path.lexists(os.path.join(folder, candidate))]
+        if there:  # a pipe or a device would block the read, a dangling link fail it
+            raise UserError(f"{os.path.join(folder, there[0])} is not a regular file; put "
+                            "the downloaded file there")
         raise UserError(f"{name}(.gz) not found in {folder}")
     try:
         with open(path, "rb") as handle:
