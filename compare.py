@@ -194,7 +194,9 @@ def comparison_figure(runs, source):
     models = {}
     for name, (folder, stem, _) in runs.items():
         path = os.path.join(folder, f"{stem}.keras")
-        if os.path.exists(path):
+        if os.path.lexists(path) and not os.path.isfile(path):  # a FIFO: a read for ever
+            print(f"skipping {path}: not a regular file", file=sys.stderr)
+        elif os.path.exists(path):
             try:
                 models[name] = load_model(path)
             except Exception as error:  # a damaged model file is reported, not fatal

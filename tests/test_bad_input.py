@@ -712,6 +712,8 @@ def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys,
     for suffix in ("json", "keras"):
         shutil.copy(tiny_runs / f"cpu.{suffix}", folder / f"cpu.{suffix}")
     (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(folder / "piped.keras")  # loading it would wait for a writer for ever
+    (folder / "piped.json").write_text(json.dumps(GOOD_RECORD))
     (folder / "other.json").write_text(json.dumps(GOOD_RECORD))
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     other.save(folder / "other.keras")
@@ -719,6 +721,7 @@ def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys,
     err = capsys.readouterr().err
     assert "deep.json: not readable JSON (nested too deeply)" in err
     assert "other.keras in the figure: not a model of the digits" in err
+    assert f"skipping {folder / 'piped.keras'}: not a regular file" in err
     assert (folder / "comparison.png").exists() and "Traceback" not in err
 
 
