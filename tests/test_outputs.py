@@ -133,3 +133,14 @@ def test_an_unreachable_bucket_is_one_line_and_no_local_folder(in_process, monke
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write to output folder gs://" in lines[0], result.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["a named pipe", "a folder"])
+def test_a_small_file_that_is_not_a_file_is_one_line_not_a_wait(tmp_path, kind):
+    # a record, a journal, a lock or TFRecords' metadata.json: a pipe would keep
+    # the read waiting for a writer for ever
+    path = tmp_path / "metadata.json"
+    os.mkfifo(path) if kind == "a named pipe" else path.mkdir()
+    with pytest.raises(UserError, match=rf"^cannot read {path} \(.*\); delete it$"):
+        files.read_json(str(path), advice="delete it")
+    assert files.read_json(str(tmp_path / "absent.json"), advice="") is None

@@ -66,6 +66,9 @@ def read_json(path, advice):
     """
     if not tf.io.gfile.exists(path):
         return None
+    kind = not_a_file(path, follow=True)
+    if kind:  # a named pipe would keep the read waiting for ever
+        raise UserError(f"cannot read {path} (it is {kind}, not a file); {advice}")
     try:
         with tf.io.gfile.GFile(path) as handle:
             return json.load(handle)
