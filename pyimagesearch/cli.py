@@ -216,13 +216,9 @@ def check_output_file(path):
     A symbolic link is followed, as publish_json follows it; a folder, a pipe
     or a device (`/dev/full`) is refused.
     """
-    from pyimagesearch.training.files import not_a_file
+    from pyimagesearch.training.files import file_to_write
 
-    kind = not_a_file(path, follow=True)
-    if kind:
-        raise UserError(f"cannot write {path}: it is {kind}, not a file; give a file name")
-    if "://" not in path:
-        path = os.path.realpath(path)  # a dangling link: where its target would be
+    path = file_to_write(path)  # a dangling link: where its target would be
     check_output_dir(os.path.dirname(path) or ".")
 
 

@@ -43,6 +43,15 @@ def not_a_file(path, follow=False):
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
 
+def file_to_write(path):
+    """`path` as a file to replace: through a symbolic link (the link stays); a UserError
+    if a folder, a pipe or a device (`--json /dev/full`) stands there."""
+    kind = not_a_file(path, follow=True)
+    if kind:
+        raise UserError(f"cannot write {path}: it is {kind}, not a file; give a file name")
+    return path if "://" in path else os.path.realpath(path)
+
+
 def write_json(path, content):
     """Write `content` as indented JSON, atomically: a temporary name, then a rename.
 
@@ -66,7 +75,7 @@ def read_json(path, advice):
     """
     if not tf.io.gfile.exists(path):
         return None
-    kind = not_a_file(path, follow=True)
+    kind = None if "://" in path else not_a_file(path, follow=True)  # (a bucket: no pipes)
     if kind:  # a named pipe would keep the read waiting for ever
         raise UserError(f"cannot read {path} (it is {kind}, not a file); {advice}")
     try:

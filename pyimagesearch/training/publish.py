@@ -26,8 +26,8 @@ import tensorflow as tf
 
 from pyimagesearch.training import preemption
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import (join, not_a_file, read_json, running,
-                                          scratch_folder, write_json)
+from pyimagesearch.training.files import (file_to_write, join, not_a_file, read_json,
+                                          running, scratch_folder, write_json)
 
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written
@@ -120,11 +120,7 @@ def publish_json(path, content):
 
     A symbolic link is followed: its target gets the file and the link stays.
     """
-    kind = not_a_file(path, follow=True)
-    if kind:  # `--json /dev/full`: not a file to replace
-        raise UserError(f"cannot write {path}: it is {kind}, not a file; give a file name")
-    if "://" not in path:
-        path = os.path.realpath(path)
+    path = file_to_write(path)
     folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
     with StagedOutputs(folder or "/") as staged:
         write_json(staged.path(name), content)
