@@ -25,6 +25,7 @@ def _start(repo, args):
                             start_new_session=True)
 
 
+@pytest.mark.tf_versions
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, in_process, loop):
     args = SHORT + ["--epochs", "4", "--loop", loop, "--backup-dir", str(tmp_path / "backup"),
@@ -83,6 +84,7 @@ def _logged(folder):
     return {tag: len(events.Tensors(tag)) for tag in events.Tags()["tensors"]}
 
 
+@pytest.mark.tf_versions
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_tensorboard_logs_hold_one_value_per_epoch(tmp_path, loop):
     train_cpu.main(["--epochs", "3", "--steps-per-epoch", "3", "--batch-size", "32",
@@ -95,6 +97,7 @@ def test_tensorboard_logs_hold_one_value_per_epoch(tmp_path, loop):
     assert validation["reconstructions"] == 3
 
 
+@pytest.mark.tf_versions
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_profile_steps_leave_a_trace(tmp_path, loop):
     train_cpu.main(["--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "32",
@@ -113,6 +116,7 @@ def test_bad_profile_steps_are_a_flag_error(flag, complaint):
         train_cpu.cli.build_parser("cpu", "").parse_args(["--profile-steps", flag])
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow
 def test_tensorboard_serves_the_logged_tags(tmp_path):
     train_cpu.main(["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",

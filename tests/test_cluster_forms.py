@@ -163,6 +163,7 @@ def test_master_is_the_chief(repo, tmp_path):
     assert not (tmp_path / "worker").exists()
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow  # two workers and a stand-in metadata server (about 14 s)
 def test_workers_that_disagree_on_the_preemption_handler_all_stop_with_one_line(repo,
                                                                               tmp_path):
@@ -191,6 +192,7 @@ def test_workers_that_disagree_on_the_preemption_handler_all_stop_with_one_line(
                  marks=pytest.mark.slow),
     pytest.param(["--rehearse", "2"], "devices per worker is 1", marks=pytest.mark.slow),
 ])
+@pytest.mark.tf_versions
 def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference, named):
     base = ["train_gpu.py", "--rehearse", "1", "--epochs", "1", "--steps-per-epoch", "1",
             "--data-source", "sample", "--output-dir", str(tmp_path)]

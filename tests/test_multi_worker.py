@@ -147,6 +147,7 @@ def _weights(path):
 
 
 # slow: tests/test_cluster_forms.py runs a 2-worker step by hand in the default run
+@pytest.mark.tf_versions
 @pytest.mark.parametrize("devices, global_batch, seed", [
     pytest.param(1, 256, "42", marks=pytest.mark.slow),
     pytest.param(1, 256, "0", marks=pytest.mark.slow),
@@ -177,6 +178,7 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
 
 # slow (33 s): the default run stops a waiting worker by a signal (test_cluster_forms.py),
 # and stand-in workers by every signal (test_launcher.py)
+@pytest.mark.tf_versions
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     run = launch(2, ["--rehearse", "1", "--epochs", "5", "--data-source", "sample",
@@ -224,6 +226,7 @@ def test_ctrl_c_or_sigterm_to_the_launcher_stops_every_worker(launch, tmp_path, 
     assert not any(_alive(pid) for pid in run.pids.values())
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow
 def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     flags = ["--rehearse", "1", "--epochs", "4", "--steps-per-epoch", "60",
@@ -244,6 +247,7 @@ def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     assert not (tmp_path / "backup").exists()
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow
 def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactly(
         launch, repo, tmp_path):
@@ -355,6 +359,7 @@ def test_the_chief_probes_the_network_once_and_every_worker_takes_its_answer(mon
     assert len(probes) == 1  # a worker never probes for itself
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow
 def test_a_real_cluster_takes_the_chiefs_data_decision(launch, tmp_path, monkeypatch):
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "empty"))

@@ -71,6 +71,7 @@ def _assert_same_weights(resumed, uninterrupted):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.tf_versions
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_does(
         repo, tmp_path, uninterrupted, in_process, loop):
@@ -93,6 +94,7 @@ def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_d
     _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
 
 
+@pytest.mark.tf_versions
 @pytest.mark.slow  # the kill itself is in tests/test_backup_and_logs.py's default run
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
