@@ -21,6 +21,7 @@ Nothing here runs Kubernetes. The manifests are read from the docs as YAML and:
   matched as JobSet's controller matches it (pkg/controllers/failure_policy.go).
 """
 import copy
+import functools
 import json
 import os
 import re
@@ -79,6 +80,7 @@ KubernetesValidator = jsonschema.validators.extend(
     jsonschema.Draft4Validator, {"x-kubernetes-list-map-keys": _unique_map_keys})
 
 
+@functools.lru_cache(maxsize=None)  # a CRD is parsed once per process
 def _validator(crd_file):
     crd = yaml.load((CRDS / crd_file).read_text(), Loader=getattr(yaml, "CSafeLoader",
                                                                   yaml.SafeLoader))
