@@ -67,6 +67,7 @@ def _matmul_flags(monkeypatch, argv):
     ["--device", "cpu", "--device", "tpu"], ["--device=tpu", "--device=cpu"],
     ["--rehearse", "8", "--device=tpu"], ["--device", "tpu", "--rehearse=2"],
     ["--tpu=--device", "--device", "tpu"], ["--tpu=local", "--device=tpu"],
+    ["--tpu=--device=tpu"], ["--tpu=--rehearse"],  # values, not flags
 ])
 def test_the_pre_parse_reads_the_device_and_rehearsal_as_argparse_does(monkeypatch, argv):
     device, rehearse = _matmul_flags(monkeypatch, argv)
@@ -76,7 +77,7 @@ def test_the_pre_parse_reads_the_device_and_rehearsal_as_argparse_does(monkeypat
 
 @pytest.mark.parametrize("argv", [
     [], ["--rehearse", "8"], ["--rehearse=8"], ["--epochs", "1", "--rehearse=2"],
-    ["--tpu=local"], ["--tpu", "local", "--epochs=1"],
+    ["--tpu=local"], ["--tpu", "local", "--epochs=1"], ["--tpu=--rehearse"],
 ])
 def test_the_pre_parse_reads_a_rehearsal_of_train_tpu_as_argparse_does(argv):
     args = cli.build_parser("tpu", "").parse_args(argv)
@@ -90,18 +91,25 @@ def _refused(capsys, call, argv):
     return stopped.value.code, capsys.readouterr().err.splitlines()
 
 
+def _train_flags(device):
+    """The training scripts' argparse (train_DEVICE.py), without the checks that follow it."""
+    return cli.build_parser(device, "").parse_args
+
+
 @pytest.mark.parametrize("call, argv", [
     (matmul_benchmark.main, ["--dev", "tpu"]),
     (matmul_benchmark.main, ["--dev=tpu"]),
     (matmul_benchmark.main, ["--device", "tpu", "--reh", "8"]),
-    (lambda argv: cli.parse_args("tpu", "", argv), ["--reh", "8"]),
-    (lambda argv: cli.parse_args("cpu", "", argv), ["--out", "somewhere"]),
-    (launch_workers.main, ["--work", "3", "--", "train_gpu.py"]),
-], ids=["matmul --dev", "matmul --dev=", "matmul --reh", "train_tpu --reh", "train_cpu --out",
-        "launch_workers --work"])
-def test_an_abbreviated_flag_is_refused_in_one_line(capsys, call, argv):
+    (_train_flags("tpu"), ["--reh", "8"]),
+    (_train_flags("cpu"), ["--output", "somewhere"]),
+    (launch_workers.main, ["--work", "3"]),  # taken, it would stop for the missing --
+], ids=["matmul --dev", "matmul --dev=", "matmul --reh", "train_tpu --reh",
+        "train_cpu --output", "launch_workers --work"])
+def test_an_abbreviated_flag_is_refused_in_one_line(monkeypatch, capsys, call, argv):
     # argparse would take '--dev tpu' for --device; the pre-parse reads whole names only,
     # so on a v5e the run would have found no TPU
+    monkeypatch.setattr(matmul_benchmark, "run_benchmark",
+                        lambda *args: pytest.fail(f"taken, it ran: {args}"))
     status, said = _refused(capsys, call, argv)
     assert status == 2
     assert len(said) == 1 and "error: unrecognized arguments: " in said[0], said
