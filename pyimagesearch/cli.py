@@ -31,7 +31,14 @@ LR_SCALINGS = ("none", "sqrt", "linear")
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is reported in one line instead of usage + error."""
+    """argparse, but a bad flag is reported in one line instead of usage + error.
+
+    Abbreviated flags (`--dev tpu`) are refused: what runs before argparse
+    (platforms/tpu_runtime.py) reads each flag by its whole name only.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")

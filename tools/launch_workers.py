@@ -47,6 +47,9 @@ _IN_NAMESPACE = "PYIMAGESEARCH_LAUNCHER_NETNS"  # set once we are inside our nam
 class OneLineParser(argparse.ArgumentParser):
     """A bad flag is one line and exit status 2 (the package's parser, without TensorFlow)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)  # no `--work 2`, as cli's
+
     def error(self, message):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 

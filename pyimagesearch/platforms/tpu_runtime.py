@@ -32,8 +32,9 @@ prepared = None  # what `prepare` did in this process, in words (None: not calle
 def rehearses(argv):
     """True if the command line `argv` asks for a rehearsal.
 
-    argparse takes any unambiguous prefix ('--reh 8'), so every prefix of
-    --rehearse counts; where one is ambiguous, argparse refuses the command.
+    The scripts' argparse refuses abbreviations ('--reh 8'), but a prefix of
+    --rehearse still counts here: a command argparse will refuse is then
+    never one that set the TPU runtime up on its way to that refusal.
     """
     for arg in argv:
         if arg == "--":
@@ -45,13 +46,19 @@ def rehearses(argv):
 
 
 def flag_value(argv, flag):
-    """The value given to `flag` in `argv` ('--device tpu' or '--device=tpu'); None if absent."""
+    """The value given to `flag` in `argv` ('--device tpu' or '--device=tpu'); None if absent.
+
+    Given twice, the last one counts, as in argparse (`--device cpu --device tpu` is tpu).
+    """
+    value = None
     for index, arg in enumerate(argv):
+        if arg == "--":
+            break
         if arg == flag and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def libtpu_path():
