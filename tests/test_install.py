@@ -190,6 +190,16 @@ def test_the_commands_are_shown_as_a_shell_takes_them_and_run_in_order(monkeypat
                      "'tensorboard>=2.20,<2.22'"]
 
 
+def test_a_stand_in_machine_runs_no_pip(monkeypatch, repo, capsys):
+    # a notebook test on a stand-in TPU must not uninstall the suite's own TensorFlow
+    monkeypatch.setenv(notebook.ROOT_ENV, str(repo))
+    assert _install(monkeypatch, repo, COLAB_TPU, COLAB_TPU_IMAGE, REFUSED) == []
+    assert capsys.readouterr().out.splitlines() == [
+        f"[INFO] not run on this stand-in machine (${notebook.ROOT_ENV}): {line}" for line in (
+            "python -m pip uninstall -y tensorflow",
+            f"python -m pip install -r {repo / 'requirements-tpu.txt'}")]
+
+
 def test_a_failed_pip_is_one_line_and_nothing_after_it_runs(monkeypatch, repo):
     ran = []
     with pytest.raises(notebook.NotebookStop) as stop:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 
-from pyimagesearch.platforms.host import detect
+from pyimagesearch.platforms.host import ROOT_ENV, detect
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
 REHEARSALS = {"gpu": 2, "tpu": 8}  # the article's 8 TPU cores; 2 GPUs, the smallest mirror
@@ -264,13 +264,20 @@ def install_missing(host, repo=".", version_of=_installed_version,
     """Run install_commands(host), pip's output shown as it comes; one line if it cannot.
 
     The package index is asked first: with no network (Kaggle with Internet
-    off) nothing is uninstalled, and the stop says so.
+    off) nothing is uninstalled, and the stop says so. On a stand-in machine
+    ($PYIMAGESEARCH_HOST_ROOT, the tests' TPU) the commands are only shown:
+    they would uninstall the TensorFlow of the environment the tests run in.
     """
     from pyimagesearch.training.network import ANSWERS, SILENT
 
     commands = install_commands(host, repo, version_of)
     if not commands:
         print("[INFO] this runtime has every package the scripts need")
+        return
+    if os.environ.get(ROOT_ENV):
+        for command in commands:
+            print("[INFO] not run on this stand-in machine ($" + ROOT_ENV + "): "
+                  + shlex.join(("python",) + tuple(command[1:])))
         return
     internet = INTERNET.get(host.service, "")
     answer = network()
