@@ -212,6 +212,19 @@ def test_a_failed_pip_is_one_line_and_nothing_after_it_runs(monkeypatch, repo):
         "notebook's settings)?")
 
 
+def test_an_install_that_fails_after_the_uninstall_says_what_is_gone(monkeypatch, repo):
+    said = iter([(0, "Successfully uninstalled tensorflow-2.19.0"),
+                 (1, "ERROR: Could not install packages due to an OSError: [Errno 28] No space "
+                     "left on device")])
+    monkeypatch.setattr(notebook, "_run_pip", lambda command: next(said))
+    with pytest.raises(notebook.NotebookStop) as stop:
+        notebook.install_missing(COLAB_TPU, repo, _versions(COLAB_TPU_IMAGE), _requires(),
+                                 lambda: {"verdict": ANSWERS, "via": "pypi.org:443"})
+    assert str(stop.value).endswith(
+        "No space left on device; is there a network? (tensorflow uninstalled: run this cell "
+        "again once pip can reach its index)")
+
+
 def test_pips_output_is_shown_line_by_line_and_its_error_kept(capfd):
     script = ("import sys; print('Collecting tensorflow-tpu', flush=True); "
               "print('ERROR: no space left', file=sys.stderr, flush=True); "

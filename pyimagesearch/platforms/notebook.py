@@ -289,12 +289,17 @@ def install_missing(host, repo=".", version_of=_installed_version,
     note = jax_note(host, repo, version_of, requires_of)
     if note:
         print(note)
+    removed = ""  # said in the stop if the install after an uninstall fails
     for command in commands:
         print("[INFO] $ " + shlex.join(("python",) + tuple(command[1:])), flush=True)
         status, last = _run_pip(command)
         if status:
             raise NotebookStop(f"pip could not install what this runtime lacks: "
-                               f"{last or f'exit status {status}'}; is there a network{internet}?")
+                               f"{last or f'exit status {status}'}; is there a network"
+                               f"{internet}?{removed}")
+        if command[3] == "uninstall":
+            removed = (f" ({', '.join(command[5:])} uninstalled: run this cell again once "
+                       "pip can reach its index)")
 
 
 def _run_pip(command):
