@@ -156,10 +156,11 @@ def install_commands(host, repo=".", version_of=_installed_version):
     A TPU gets requirements-tpu.txt (tensorflow-tpu), other runtimes what
     requirements.txt lists and they lack; a GPU whose own TensorFlow does not
     fit gets tensorflow[and-cuda], as TensorFlow's install guide says for
-    Linux, so that it finds the GPU. Where this runtime's build must be
-    installed, or another build sits beside it, every TensorFlow build
-    installed is uninstalled first: Colab's TPU image carries tensorflow,
-    Kaggle's tensorflow-cpu, and either would share tensorflow-tpu's files.
+    Linux, so that it finds the GPU. Where another TensorFlow build sits in
+    place of this runtime's or beside it, every build installed is
+    uninstalled first and this runtime's installed afresh: Colab's TPU image
+    carries tensorflow, Kaggle's tensorflow-cpu, and either would share
+    tensorflow-tpu's files.
     """
     path = _requirements_file(host, repo)
     build = "tensorflow-tpu" if host.accelerator == "tpu" else "tensorflow"
