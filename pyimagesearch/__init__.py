@@ -16,9 +16,10 @@ scripts call by name; everything else is one level down:
 
 Imports run downwards only: the scripts, then cli, strategies and outputs,
 then data, then datasets/ and training/ (datasets/ uses training's errors,
-files and workarounds; training/ never imports datasets/), and config,
-autoencoder and loss, which import nothing of the package. platforms/
-imports only training's errors and nothing that loads TensorFlow.
+files, workarounds and network probe; training/ never imports datasets/),
+and config, autoencoder and loss, which import nothing of the package.
+platforms/ imports only training's errors and network probe, and nothing
+that loads TensorFlow.
 
 Importing the package does not import TensorFlow: a TPU v5e or v6e needs
 TensorFlow's runtime chosen first (platforms/tpu_runtime.py), and the

@@ -279,63 +279,6 @@ def test_the_matmul_runs_on_the_device_that_trains():
     assert notebook.matmul_device(GPU_HOST, "cpu") == "cpu"
 
 
-# --- notebook.py: installing only what the runtime lacks --------------------------------
-
-def _versions(**installed):
-    return lambda name: installed.get(name.replace("-", "_"))
-
-
-EVERYTHING = dict(tensorflow="2.21.0", keras="3.15.1", tensorflow_datasets="4.9.9",
-                  importlib_resources="6.5.2", mlxtend="0.23.4", matplotlib="3.10.0",
-                  tensorboard="2.21.0", numpy="2.1.0")
-
-
-def test_a_runtime_with_everything_installs_nothing(repo):
-    assert notebook.install_commands(CPU_HOST, repo, _versions(**EVERYTHING)) == []
-    assert notebook.install_commands(GPU_HOST, repo, _versions(**EVERYTHING)) == []
-
-
-def test_a_gpu_runtime_with_an_old_tensorflow_gets_the_cuda_build(repo):
-    old = dict(EVERYTHING, tensorflow="2.19.0")
-    [command] = notebook.install_commands(GPU_HOST, repo, _versions(**old))
-    assert command[1:] == ("-m", "pip", "install", "-q", "tensorflow[and-cuda]>=2.20,<2.22")
-    [command] = notebook.install_commands(CPU_HOST, repo, _versions(**old))
-    assert command[-1] == "tensorflow>=2.20,<2.22"
-
-
-def test_only_what_is_missing_is_installed(repo):
-    some = dict(EVERYTHING)
-    del some["mlxtend"]
-    some["keras"] = "2.15.0"
-    [command] = notebook.install_commands(GPU_HOST, repo, _versions(**some))
-    assert command[5:] == ("keras>=3.10", "mlxtend>=0.23")
-
-
-def test_a_tpu_runtime_gets_requirements_tpu_after_kaggles_tensorflow_cpu(repo):
-    kaggle_tpu = dict(EVERYTHING, tensorflow_cpu="2.20.0")
-    del kaggle_tpu["tensorflow"]
-    uninstall, install = notebook.install_commands(V5E_HOST, repo, _versions(**kaggle_tpu))
-    assert uninstall[-2:] == ("-y", "tensorflow-cpu")
-    assert install[-2:] == ("-r", os.path.join(repo, "requirements-tpu.txt"))
-
-
-def test_a_failed_install_is_one_line_naming_the_network_on_kaggle(monkeypatch, tmp_path):
-    (tmp_path / "requirements.txt").write_text("no-such-package-here>=1\n")
-
-    def run(command, **kwargs):
-        return subprocess.CompletedProcess(command, 1, "", "WARNING: Retrying\nERROR: No "
-                                           "matching distribution found for no-such-package\n")
-
-    monkeypatch.setattr(notebook.subprocess, "run", run)
-    with pytest.raises(notebook.NotebookStop) as stop:
-        notebook.install_missing(GPU_HOST, tmp_path)
-    assert str(stop.value) == (
-        "pip could not install what this runtime lacks: ERROR: No matching distribution found "
-        "for no-such-package; is there a network (on Kaggle, switch Internet on in the "
-        "notebook's settings)?")
-    assert stop.value._render_traceback_() == [f"stopped: {stop.value}"]
-
-
 # --- notebook.py: where the runs are kept -----------------------------------------------
 
 def test_drive_keeps_the_runs_on_colab(monkeypatch, tmp_path):

@@ -8,7 +8,8 @@
 - `cluster`: TF_CONFIG, the peers, what every worker must agree on;
 - `publish`: a run's outputs into their folder, all of them or none;
 - `errors`, `files`, `workarounds`: the one-line errors, paths through tf.io.gfile,
-  and TensorFlow's workarounds, which `pyimagesearch.datasets` uses too.
+  and TensorFlow's workarounds, which `pyimagesearch.datasets` uses too;
+- `network`: whether a host answers (tfds' for `auto`, pip's index for the notebook).
 
 Nothing here imports `pyimagesearch.datasets`, `pyimagesearch.data`, the command
 line or the scripts.
