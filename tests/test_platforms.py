@@ -333,6 +333,21 @@ def test_another_libtpu_for_the_plugin_is_named_for_tensorflows_loader_too(monke
     assert other[tpu_runtime.TPU_LIBRARY_PATH] == "/site/libtpu.so"  # said, not overridden
 
 
+def test_a_users_hold_on_the_tpu_run_is_kept_and_named_as_a_cause(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    environ = {tpu_runtime.LOAD_LIBRARY: "0"}
+    said = tpu_runtime.prepare([], environ, V3_HOST)
+    assert said == "no TPU that needs PJRT; your TPU_LOAD_LIBRARY=0 keeps TensorFlow from " \
+                   "loading libtpu"
+    assert environ == {tpu_runtime.LOAD_LIBRARY: "0"}
+    assert tpu_runtime.likely_causes().startswith(
+        "TPU_LOAD_LIBRARY=0 in your environment, which keeps libtpu unloaded; on a TPU v5e")
+    # this package's own hold is no user's: dropped, and not named
+    environ = {tpu_runtime.LOAD_LIBRARY: "0", tpu_runtime.OURS: "0"}
+    assert tpu_runtime.prepare([], environ, V3_HOST) == "no TPU that needs PJRT"
+    assert environ == {}
+
+
 def test_an_unknown_runtime_choice_is_one_line_and_auto(monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "tensorflow")
     environ = {tpu_runtime.RUNTIME_ENV: "streamexecutor"}

@@ -50,6 +50,7 @@ RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
 prepared = None  # what `prepare` did in this process, in words (None: not called)
+_HELD = f"; your {LOAD_LIBRARY}=0 keeps TensorFlow from loading libtpu"
 
 
 def rehearses(argv):
@@ -142,8 +143,7 @@ def _prepare(argv, environ, host, library_path):
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
     without_our_hold(environ)
-    held = (f"; your {LOAD_LIBRARY}={environ[LOAD_LIBRARY]} keeps TensorFlow from loading libtpu"
-            if environ.get(LOAD_LIBRARY) == "0" else "")
+    held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
     return _choose_runtime(environ, detect() if host is None else host, library_path) + held
 
 
@@ -192,15 +192,16 @@ def _one_libtpu(environ, path):
 
 def likely_causes():
     """What a user can act on when a TPU is found but TensorFlow cannot initialise it."""
-    if prepared is None or prepared.startswith(("too late", "no TPU")):
+    said, held, _ = (prepared or "").partition(_HELD)
+    if prepared is None or said.startswith(("too late", "no TPU")):
         runtime = (f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
                    "library> set before TensorFlow is imported (train_tpu.py does it)")
-    elif prepared.startswith("libtpu is not installed"):
+    elif said.startswith("libtpu is not installed"):
         runtime = "libtpu is not installed, and this TPU needs it"
     else:
-        runtime = f"TensorFlow's PJRT runtime, set up as {prepared}"
-    if "keeps TensorFlow from loading libtpu" in (prepared or ""):
-        runtime = f"{LOAD_LIBRARY}=0 in your environment; {runtime}"
+        runtime = f"TensorFlow's PJRT runtime, set up as {said}"
+    if held:
+        runtime = f"{LOAD_LIBRARY}=0 in your environment, which keeps libtpu unloaded; {runtime}"
     return (f"{runtime}; a libtpu that does not match this TensorFlow "
             "(pip install -r requirements-tpu.txt installs the pair); another process "
             "holding the chips (a second notebook, an earlier run: end it or restart the "
