@@ -231,7 +231,7 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_
      "libtpu is not installed, and this TPU needs it"),
     ("no TPU that needs PJRT", "on a TPU v5e, v5p or v6e, NEXT_PLUGGABLE_DEVICE_USE_C_API=true "
      "and TF_PLUGGABLE_DEVICE_LIBRARY_PATH=<libtpu's library> set before TensorFlow is "
-     "imported (train_tpu.py does it)"),
+     "imported (train_tpu.py does it; on v2-v4 PYIMAGESEARCH_TPU_RUNTIME=pjrt asks for it)"),
 ])
 def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
         monkeypatch, no_tpu_env, tmp_path, prepared, runtime):

@@ -118,7 +118,7 @@ def leave_the_tpu_alone(environ=None):
 
 
 def without_our_hold(environ):
-    """`environ` without the TPU_LOAD_LIBRARY=0 that `leave_the_tpu_alone` set; the user's stays."""
+    """`environ` without the TPU_LOAD_LIBRARY=0 of `leave_the_tpu_alone`; the user's own stays."""
     if environ.pop(OURS, None) is not None and environ.get(LOAD_LIBRARY) == "0":
         del environ[LOAD_LIBRARY]
     return environ
@@ -195,7 +195,8 @@ def likely_causes():
     said, held, _ = (prepared or "").partition(_HELD)
     if prepared is None or said.startswith(("too late", "no TPU")):
         runtime = (f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
-                   "library> set before TensorFlow is imported (train_tpu.py does it)")
+                   "library> set before TensorFlow is imported (train_tpu.py does it; on "
+                   f"v2-v4 {RUNTIME_ENV}=pjrt asks for it)")
     elif said.startswith("libtpu is not installed"):
         runtime = "libtpu is not installed, and this TPU needs it"
     else:
