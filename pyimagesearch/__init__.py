@@ -23,13 +23,17 @@ that loads TensorFlow.
 
 Importing the package does not import TensorFlow: a TPU v5e or v6e needs
 TensorFlow's runtime chosen first (platforms/tpu_runtime.py), and the
-notebook's kernel never loads it. The first module that needs TensorFlow
+notebook's kernel never loads it. It does set TPU_LOAD_LIBRARY=0 (unless
+set already), so that tensorflow-tpu's import leaves a TPU's chips alone in
+every process of this repository but the TPU run, whose first line takes
+it back out (tpu_runtime.prepare). The first module that needs TensorFlow
 imports it, quietly. `outputs.load_model` loads a saved `outputs/cpu.keras`
 with this package's classes registered.
 """
 import os
 import sys
 
+from pyimagesearch.platforms.tpu_runtime import leave_the_tpu_alone
 from pyimagesearch.training.workarounds import (VERBOSE_ENV, open_closed_standard_streams,
                                                 quiet_tensorflow_import)
 
@@ -50,5 +54,11 @@ if not os.environ.get(VERBOSE_ENV):
     # strategy feeds its devices) are not for readers; warnings and errors
     # still show. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+# tensorflow-tpu's import loads libtpu, takes the TPU's lock and initialises
+# it, in any process, unless TPU_LOAD_LIBRARY=0: a rehearsal, train_cpu.py,
+# compare.py or TensorBoard would hold the chips the TPU run needs (and wait
+# minutes for a metadata server off Google Cloud). The TPU run alone undoes it.
+leave_the_tpu_alone()
 
 quiet_tensorflow_import()  # its C++ start-up notices are not for readers

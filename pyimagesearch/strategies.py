@@ -8,8 +8,9 @@ need around them, and the strategies that stand in for hardware:
 - `check_gpus`: no GPU, or a CUDA that will not load, is one line that
   gives TensorFlow's own cause;
 - `tpu_errors`: the article's four TPU calls inside it fail in one line
-  (no TPU, nothing at its address, a TPU held by another process), and
-  the lookup it hands them is bounded in time;
+  that gives TensorFlow's cause (no TPU, nothing at its address, no TPU
+  device, a TPU held by another process), and the lookup it hands them is
+  bounded in time and checks the devices before anything initialises them;
 - `rehearsal`: N logical CPU devices under MirroredStrategy, standing in
   for N GPUs or TPU cores;
 - `multi_worker`: MultiWorkerMirroredStrategy for one worker of a
@@ -167,16 +168,20 @@ def _tpu_label(tpu):
 
 
 def _tpu_resolver(resolver, tpu):
-    """`resolver` (TPUClusterResolver) for `tpu`, the Colab/Kaggle environment, or a TPU VM."""
+    """`resolver` (TPUClusterResolver) for `tpu`; without one, this TPU VM's chips, or what the
+    environment names.
+
+    Where this machine has TPU chips (any device file or PCI id host.py
+    counts), it is a TPU VM, and TensorFlow reaches its chips as local
+    devices: tpu="local", as Google's recipes pass. Colab's and Kaggle's
+    TPU VMs set nothing TPUClusterResolver() reads: it raises "Please
+    provide a TPU Name" there (googlecolab/colabtools#4699, #5717).
+    """
     if tpu:
         return resolver(tpu=tpu)
-    try:
-        return resolver()  # Colab and Kaggle set what this reads
-    except ValueError:
-        # on a Cloud TPU VM the chips are local devices: /dev/accel* or vfio
-        if any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")):
-            return resolver(tpu="local")
-        raise
+    if detect().tpu_chips:
+        return resolver(tpu="local")
+    return resolver()  # TPU_NAME, TPU_CONFIG or GKE's endpoints name a TPU elsewhere
 
 
 def _find_tpu(resolver, tpu):
@@ -187,7 +192,8 @@ def _find_tpu(resolver, tpu):
     time limit; off Google Cloud that can hang for good. So it runs in a
     daemon thread, which an exiting process does not wait for. Something
     must answer at the address it finds: TensorFlow would wait for one for
-    ever, deaf to SIGTERM and Ctrl-C.
+    ever, deaf to SIGTERM and Ctrl-C. A TPU on this machine must be among
+    TensorFlow's devices.
     """
     if tpu and tpu.startswith("grpc://["):
         # TPUClusterResolver splits the address at its first colon
@@ -210,7 +216,7 @@ def _find_tpu(resolver, tpu):
             if "error" in outcome:
                 raise outcome["error"]  # here, so a bug's captured lines replay
     except _TPU_ERRORS as error:
-        raise UserError(f"no TPU found ({first_line(error)}); pass --tpu NAME, "
+        raise UserError(f"no TPU found ({tensorflow_cause(error)}); pass --tpu NAME, "
                         f"or {_REHEARSE_TPU}") from error
     if lookup.is_alive():
         raise UserError(
@@ -227,7 +233,52 @@ def _find_tpu(resolver, tpu):
         raise UserError(f"nothing answers at {address}, where the TPU should be; "
                         f"{here}on a TPU VM pass --tpu local, else check its address, "
                         f"or {_REHEARSE_TPU}")
+    if address in ("", "local"):
+        _check_local_tpu_devices()
     return found
+
+
+def local_devices():
+    """The logical devices TensorFlow sees in this process (it starts its runtime)."""
+    return tf.config.list_logical_devices()
+
+
+def _check_local_tpu_devices():
+    """Stop with one line unless TensorFlow lists a TPU device on this machine.
+
+    Said before initialize_tpu_system runs: where libtpu found no chip, that
+    can die of SIGSEGV without a word. TensorFlow lists a TPU VM's chips
+    before initialising them (its TPU:N devices, tensorflow/tensorflow#61293);
+    a TPU reached at a grpc:// address is checked by answering there instead.
+    """
+    seen = [device.device_type for device in local_devices()]
+    if "TPU" not in seen:
+        types = ", ".join(sorted(set(seen))) or "none"
+        raise UserError(f"TensorFlow lists no TPU device on this machine (only {types}), so "
+                        f"its TPU cannot be initialised; likely causes: "
+                        f"{tpu_runtime.likely_causes()}; or {_REHEARSE_TPU}")
+
+
+# Lines of TensorFlow's error text that are not its cause: the frame of a
+# failed tf.function (tensorflow/python/eager/polymorphic_function/
+# atomic_function.py, framework/error_interpolation.py) and its stack
+_NOT_THE_CAUSE = ("Graph execution error", "Detected at node", "<stack traces unavailable>",
+                  "Node: ", "[[")
+
+
+def tensorflow_cause(error):
+    """The first line of `error`'s message that says what went wrong, not where.
+
+    A TPU that fails in initialize_tpu_system raises "Graph execution
+    error:", then the node and its stack, and only then the cause (a
+    RET_CHECK, "No TPU platform found"). Lines that start with white space
+    are stack frames.
+    """
+    text = str(getattr(error, "strerror", None) or getattr(error, "message", None) or error)
+    for line in text.splitlines():
+        if line.strip() and not line[0].isspace() and not line.startswith(_NOT_THE_CAUSE):
+            return line.strip()
+    return first_line(error)
 
 
 @contextlib.contextmanager
@@ -250,7 +301,7 @@ def tpu_errors(tpu=None):
         with native_stderr_quiet(_TPU_ERRORS + (UserError,)):
             yield lambda resolver: _find_tpu(resolver, tpu)
     except _TPU_ERRORS as error:
-        detail = first_line(error)
+        detail = tensorflow_cause(error)
         hint = _REHEARSE_TPU
         if re.search(r"in use|busy|lockfile", detail, re.IGNORECASE):
             hint = f"end the process that holds it, or {hint}"

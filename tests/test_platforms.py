@@ -53,6 +53,19 @@ def test_tpu_chips_and_their_generation(tmp_path, tpu, chips, device_files, gene
     assert host.accelerator == "tpu"
 
 
+@pytest.mark.parametrize("files, chips, generation", [
+    (["dev/vfio/5"], 1, "v5e or later"),            # a container given one chip, not the first
+    (["dev/vfio/2", "dev/vfio/7"], 2, "v5e or later"),
+    (["dev/accel3"], 1, "v2-v4"),
+    (["dev/vfio/vfio"], 0, ""),                      # vfio's own node is no chip
+])
+def test_any_chip_device_file_counts(tmp_path, files, chips, generation):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert hosts.tpu_chips(str(tmp_path)) == (chips, generation)
+
+
 def test_a_machine_without_accelerators_and_one_with_gpus(tmp_path):
     plain = hosts.detect(fake_machine(tmp_path / "plain"), {}, {})
     assert (plain.accelerator, plain.tpu_chips, plain.gpus, plain.needs_pjrt) == ("cpu", 0, 0,
@@ -169,15 +182,32 @@ def test_after_tensorflow_is_imported_nothing_is_set(monkeypatch):
     assert "set before TensorFlow is imported" in tpu_runtime.likely_causes()
 
 
+# what the stand-in hook records at TensorFlow's import
+RECORDED = (tpu_runtime.USE_C_API, tpu_runtime.LIBRARY_PATH, tpu_runtime.TPU_LIBRARY_PATH,
+            tpu_runtime.LOAD_LIBRARY)
+# a shell's environment has none of these; the test process has this package's hold
+CLEARED = RECORDED + (tpu_runtime.OURS, tpu_runtime.RUNTIME_ENV)
+
+
+def _distribution(site, name, version):
+    """A stand-in installed distribution: what importlib.metadata and pip read."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
 def _stand_ins(tmp_path, tpu=V5E):
-    """A v5e's files, a stand-in libtpu package, and a hook that records the environment
-    at the moment anything imports TensorFlow, then ends the process (status 0)."""
+    """A v5e's files, stand-in tensorflow-tpu and libtpu distributions, and a hook that
+    records the environment at the moment anything imports TensorFlow, then ends the
+    process (status 0)."""
     fake_machine(tmp_path / "root", tpu, 1) if tpu else fake_machine(tmp_path / "root")
     site = tmp_path / "site"
     (site / "libtpu").mkdir(parents=True)
     (site / "libtpu" / "__init__.py").write_text(
         f"def get_library_path():\n    return {str(site / 'libtpu' / 'libtpu.so')!r}\n")
     (site / "libtpu" / "libtpu.so").write_bytes(b"")
+    _distribution(site, "libtpu", "0.0.18")
+    _distribution(site, "tensorflow-tpu", "2.20.0")
     record = tmp_path / "at_import.txt"
     (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
         import os, sys
@@ -186,7 +216,7 @@ def _stand_ins(tmp_path, tpu=V5E):
             def find_spec(self, name, path=None, target=None):
                 if name == "tensorflow":
                     with open({str(record)!r}, "w") as handle:
-                        for key in ({tpu_runtime.USE_C_API!r}, {tpu_runtime.LIBRARY_PATH!r}):
+                        for key in {RECORDED!r}:
                             handle.write(f"{{key}}={{os.environ.get(key)}}\\n")
                     sys.stdout.flush()
                     os._exit(0)
@@ -194,44 +224,136 @@ def _stand_ins(tmp_path, tpu=V5E):
         sys.meta_path.insert(0, Record())
     """))
     env = dict(os.environ, PYTHONPATH=str(site), **{hosts.ROOT_ENV: str(tmp_path / "root")})
-    for key in (tpu_runtime.USE_C_API, tpu_runtime.LIBRARY_PATH):
+    for key in CLEARED:
         env.pop(key, None)
     return env, record, site / "libtpu" / "libtpu.so"
 
 
 def _at_tensorflow_import(repo, env, record, *args, script="train_tpu.py"):
-    """What the two variables held when `python SCRIPT ARGS` imported TensorFlow."""
+    """What the recorded variables held when `python SCRIPT ARGS` imported TensorFlow."""
+    record.unlink(missing_ok=True)
     result = subprocess.run([sys.executable, script, *args], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    return _recorded(record)
+
+
+def _recorded(record):
+    """The variables the stand-in hook wrote at TensorFlow's import."""
     return dict(line.split("=", 1) for line in record.read_text().splitlines())
+
+
+def _pjrt(library, **more):
+    """The recorded variables of a PJRT run through `library`."""
+    return {tpu_runtime.USE_C_API: "true", tpu_runtime.LIBRARY_PATH: str(library),
+            tpu_runtime.TPU_LIBRARY_PATH: str(library), tpu_runtime.LOAD_LIBRARY: "None",
+            **more}
+
+
+UNSET = {key: "None" for key in RECORDED}
+HELD_OFF = dict(UNSET, **{tpu_runtime.LOAD_LIBRARY: "0"})  # TensorFlow leaves libtpu alone
 
 
 def test_train_tpu_sets_the_variables_before_tensorflow_loads_on_a_v5e(repo, tmp_path):
     env, record, library = _stand_ins(tmp_path)
-    assert _at_tensorflow_import(repo, env, record) == {
-        tpu_runtime.USE_C_API: "true", tpu_runtime.LIBRARY_PATH: str(library)}
+    assert _at_tensorflow_import(repo, env, record) == _pjrt(library)
     # the matmul benchmark starts TPU runs too
     assert _at_tensorflow_import(repo, env, record, "--device", "tpu",
-                                 script="tools/matmul_benchmark.py") == {
-        tpu_runtime.USE_C_API: "true", tpu_runtime.LIBRARY_PATH: str(library)}
+                                 script="tools/matmul_benchmark.py") == _pjrt(library)
 
 
 def test_train_tpu_leaves_them_unset_in_a_rehearsal_and_without_a_tpu(repo, tmp_path):
     env, record, _ = _stand_ins(tmp_path / "v5e")
-    unset = {tpu_runtime.USE_C_API: "None", tpu_runtime.LIBRARY_PATH: "None"}
-    assert _at_tensorflow_import(repo, env, record, "--rehearse", "8") == unset
+    assert _at_tensorflow_import(repo, env, record, "--rehearse", "8") == HELD_OFF
     assert _at_tensorflow_import(repo, env, record, "--device", "cpu",
-                                 script="tools/matmul_benchmark.py") == unset
+                                 script="tools/matmul_benchmark.py") == HELD_OFF
     env, record, _ = _stand_ins(tmp_path / "cpu", tpu=None)
-    assert _at_tensorflow_import(repo, env, record) == unset
+    assert _at_tensorflow_import(repo, env, record) == UNSET  # the TPU run: libtpu may load
 
 
 def test_train_tpu_keeps_the_users_values(repo, tmp_path):
     env, record, _ = _stand_ins(tmp_path)
     env.update({tpu_runtime.USE_C_API: "false", tpu_runtime.LIBRARY_PATH: "/opt/my/libtpu.so"})
-    assert _at_tensorflow_import(repo, env, record) == {
-        tpu_runtime.USE_C_API: "false", tpu_runtime.LIBRARY_PATH: "/opt/my/libtpu.so"}
+    assert _at_tensorflow_import(repo, env, record) == dict(UNSET, **{
+        tpu_runtime.USE_C_API: "false", tpu_runtime.LIBRARY_PATH: "/opt/my/libtpu.so"})
+
+
+@pytest.mark.parametrize("script, args", [
+    ("train_tpu.py", ("--rehearse", "8")),
+    ("train_cpu.py", ()),
+    ("train_gpu.py", ()),
+    ("train_gpu.py", ("--rehearse", "2")),
+    ("compare.py", ("outputs/quoted", "--output-dir", "{tmp}")),
+    ("tools/matmul_benchmark.py", ("--device", "cpu")),
+    ("tools/matmul_benchmark.py", ("--device", "gpu")),
+])
+def test_only_the_tpu_run_lets_tensorflow_load_libtpu(repo, tmp_path, script, args):
+    """On a v5e with tensorflow-tpu: every other process imports TensorFlow with
+    TPU_LOAD_LIBRARY=0, so it takes no lock and leaves the chips alone."""
+    env, record, library = _stand_ins(tmp_path)
+    args = [arg.format(tmp=tmp_path / "out") for arg in args]
+    assert _at_tensorflow_import(repo, env, record, *args, script=script)[
+        tpu_runtime.LOAD_LIBRARY] == "0"
+
+
+def test_the_tpu_run_drops_the_hold_it_inherits_and_keeps_the_users(repo, tmp_path):
+    env, record, library = _stand_ins(tmp_path)
+    # started by a process of this package (a launcher, the notebook's kernel)
+    inherited = dict(env, **{tpu_runtime.LOAD_LIBRARY: "0", tpu_runtime.OURS: "0"})
+    assert _at_tensorflow_import(repo, inherited, record) == _pjrt(library)
+    # the user's own value: "0" for a client of a TPU pod whose chips a service
+    # holds (Google's pod tests do that), "1" to load libtpu without its lock
+    for mine in ("0", "1"):
+        assert _at_tensorflow_import(repo, dict(env, **{tpu_runtime.LOAD_LIBRARY: mine}),
+                                     record) == _pjrt(library, **{tpu_runtime.LOAD_LIBRARY: mine})
+        assert _at_tensorflow_import(repo, dict(env, **{tpu_runtime.LOAD_LIBRARY: mine}),
+                                     record, script="train_cpu.py")[
+            tpu_runtime.LOAD_LIBRARY] == mine
+
+
+def test_pjrt_on_older_chips_is_offered_with_an_environment_variable(repo, tmp_path):
+    env, record, library = _stand_ins(tmp_path, tpu=V3)
+    assert _at_tensorflow_import(repo, env, record) == UNSET  # stream executor, by default
+    env[tpu_runtime.RUNTIME_ENV] = "pjrt"
+    assert _at_tensorflow_import(repo, env, record) == _pjrt(library)
+    assert _at_tensorflow_import(repo, env, record, "--rehearse", "8") == HELD_OFF
+
+
+def test_another_libtpu_for_the_plugin_is_named_for_tensorflows_loader_too(monkeypatch,
+                                                                          tmp_path):
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    mine = tmp_path / "libtpu.so"
+    mine.write_bytes(b"")
+    environ = {tpu_runtime.LIBRARY_PATH: str(mine)}
+    assert tpu_runtime.prepare([], environ, V5E_HOST).startswith("PJRT as you set it")
+    assert environ[tpu_runtime.TPU_LIBRARY_PATH] == str(mine)  # one libtpu in the process
+    other = {tpu_runtime.LIBRARY_PATH: str(mine), tpu_runtime.TPU_LIBRARY_PATH: "/site/libtpu.so"}
+    said = tpu_runtime.prepare([], other, V5E_HOST)
+    assert said.endswith("; TPU_LIBRARY_PATH names another libtpu (/site/libtpu.so)")
+    assert other[tpu_runtime.TPU_LIBRARY_PATH] == "/site/libtpu.so"  # said, not overridden
+
+
+def test_a_users_hold_on_the_tpu_run_is_kept_and_named_as_a_cause(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    environ = {tpu_runtime.LOAD_LIBRARY: "0"}
+    said = tpu_runtime.prepare([], environ, V3_HOST)
+    assert said == "no TPU that needs PJRT; your TPU_LOAD_LIBRARY=0 keeps TensorFlow from " \
+                   "loading libtpu"
+    assert environ == {tpu_runtime.LOAD_LIBRARY: "0"}
+    assert tpu_runtime.likely_causes().startswith(
+        "TPU_LOAD_LIBRARY=0 in your environment, which keeps libtpu unloaded; on a TPU v5e")
+    # this package's own hold is no user's: dropped, and not named
+    environ = {tpu_runtime.LOAD_LIBRARY: "0", tpu_runtime.OURS: "0"}
+    assert tpu_runtime.prepare([], environ, V3_HOST) == "no TPU that needs PJRT"
+    assert environ == {}
+
+
+def test_an_unknown_runtime_choice_is_one_line_and_auto(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    environ = {tpu_runtime.RUNTIME_ENV: "streamexecutor"}
+    assert tpu_runtime.prepare([], environ, V3_HOST) == "no TPU that needs PJRT"
+    assert capsys.readouterr().err == ("[INFO] PYIMAGESEARCH_TPU_RUNTIME=streamexecutor is "
+                                       "neither auto nor pjrt: auto is used\n")
 
 
 # --- notebook.py: the runtime's branches ------------------------------------------------
@@ -322,6 +444,39 @@ def test_a_runs_folder_that_cannot_be_made_is_one_line(tmp_path):
 
 
 # --- notebook.py: running a script --------------------------------------------------------
+
+def test_a_second_run_all_on_a_tpu_runtime_finds_the_tpu_free(repo, tmp_path, monkeypatch):
+    """The kernel's TensorBoard imports TensorFlow and lives on: with TPU_LOAD_LIBRARY=0 it
+    takes no lock, and the training and matmul scripts still get libtpu, run after run."""
+    from tensorboard import manager
+
+    env, record, library = _stand_ins(tmp_path)
+    for key in CLEARED:  # a fresh kernel: nothing of this package's yet
+        monkeypatch.delenv(key, raising=False)
+    for key in ("PYTHONPATH", hosts.ROOT_ENV):
+        monkeypatch.setenv(key, env[key])
+    for run_all in range(2):
+        assert notebook.runtime("auto").accelerator == "tpu"
+        # %tensorboard starts `tensorboard` with this environment (tensorboard/manager.py);
+        # it drops PYTHONPATH, which here only brings in the stand-ins
+        tensorboard = subprocess.run([sys.executable, "-c", "import tensorflow"], timeout=60,
+                                     env=dict(manager._subprocess_environ(),
+                                              PYTHONPATH=env["PYTHONPATH"]))
+        assert tensorboard.returncode == 0
+        assert _recorded(record)[tpu_runtime.LOAD_LIBRARY] == "0"
+        for script in (("train_tpu.py",), ("tools/matmul_benchmark.py", "--device", "tpu")):
+            record.unlink()
+            notebook.run_script(script, repo)
+            assert _recorded(record) == _pjrt(library), (run_all, script)
+
+
+def test_the_users_own_tpu_load_library_reaches_the_scripts(monkeypatch):
+    monkeypatch.setenv(tpu_runtime.LOAD_LIBRARY, "1")
+    monkeypatch.delenv(tpu_runtime.OURS, raising=False)
+    notebook.runtime("auto", environ=os.environ)
+    assert os.environ[tpu_runtime.LOAD_LIBRARY] == "1"
+    assert notebook.script_environment()[tpu_runtime.LOAD_LIBRARY] == "1"
+
 
 def test_a_failing_script_stops_the_notebook_with_its_own_line(tmp_path, capfd):
     script = tmp_path / "fails.py"

@@ -156,8 +156,9 @@ def no_tpu_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def _fake_resolver(monkeypatch, init):
-    """Replace TPUClusterResolver by a class whose constructor runs `init(tpu)`."""
+def _fake_resolver(monkeypatch, init, devices=("CPU", "TPU_SYSTEM", "TPU")):
+    """Replace TPUClusterResolver by a class whose constructor runs `init(tpu)`, on a
+    machine where TensorFlow lists logical devices of the types in `devices`."""
     class FakeResolver:
         def __init__(self, tpu=None):
             init(tpu)
@@ -167,6 +168,8 @@ def _fake_resolver(monkeypatch, init):
 
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
                         FakeResolver)
+    monkeypatch.setattr(strategy, "local_devices", lambda: [
+        tf.config.LogicalDevice(f"/device:{kind}:0", kind) for kind in devices])
 
 
 def _tpu_set_up(tpu, folder):
@@ -228,7 +231,7 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_
      "libtpu is not installed, and this TPU needs it"),
     ("no TPU that needs PJRT", "on a TPU v5e, v5p or v6e, NEXT_PLUGGABLE_DEVICE_USE_C_API=true "
      "and TF_PLUGGABLE_DEVICE_LIBRARY_PATH=<libtpu's library> set before TensorFlow is "
-     "imported (train_tpu.py does it)"),
+     "imported (train_tpu.py does it; on v2-v4 PYIMAGESEARCH_TPU_RUNTIME=pjrt asks for it)"),
 ])
 def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
         monkeypatch, no_tpu_env, tmp_path, prepared, runtime):
@@ -238,7 +241,9 @@ def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
     _fake_resolver(monkeypatch, lambda tpu: None)
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
 
-    def initialize_tpu_system(resolver):  # what a v5e without PJRT answers (colabtools#5203)
+    # what TensorFlow answers where libtpu never loaded: a plain tensorflow
+    # build on Colab's v2-8 (googlecolab/colabtools#5203, tensorflow/tensorflow#96203)
+    def initialize_tpu_system(resolver):
         raise tf.errors.InvalidArgumentError(
             None, None, "No OpKernel was registered to support Op 'ConfigureDistributedTPU' "
             "used by {{node ConfigureDistributedTPU}} with these attrs: []\nRegistered "
@@ -256,6 +261,123 @@ def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
            "(pip install -r requirements-tpu.txt installs the pair); another process " \
            "holding the chips (a second notebook, an earlier run: end it or restart the " \
            "runtime); or use --rehearse 8" in message
+
+
+# What tensorflow-tpu 2.20.0 with libtpu 0.0.18 raised from initialize_tpu_system on a
+# host without chips and without PJRT (docs/tpus.md): the frame first, the cause last
+GRAPH_ERROR = ("Graph execution error:\n\nDetected at node disconnect_tpu_host/_1 defined at "
+               "(most recent call last):\n<stack traces unavailable>\nRET_CHECK failure "
+               "(learning/45eac/google/xla/tpu_node_interfaces.cc:432) *platform \n\t "
+               "[[{{node disconnect_tpu_host/_1}}]] [Op:__inference__tpu_init_fn_4]")
+# the same frame where the node's stack is known (error_interpolation.py)
+GRAPH_ERROR_WITH_STACK = (
+    "Graph execution error:\n\nDetected at node 'ConfigureDistributedTPU' defined at (most "
+    "recent call last):\n  File \"train_tpu.py\", line 38, in main\n    "
+    "tf.tpu.experimental.initialize_tpu_system(tpu)\nNode: 'ConfigureDistributedTPU'\n"
+    "No TPU platform found.")
+
+
+@pytest.mark.parametrize("text, cause", [
+    (GRAPH_ERROR, "RET_CHECK failure (learning/45eac/google/xla/tpu_node_interfaces.cc:432) "
+                  "*platform"),
+    (GRAPH_ERROR_WITH_STACK, "No TPU platform found."),
+    ("The TPU is already in use by process with pid 4242.\nmore detail",
+     "The TPU is already in use by process with pid 4242."),
+    ("Graph execution error:\n\nDetected at node X defined at (most recent call last):",
+     "Graph execution error:"),  # nothing but the frame: its first line, as before
+    ("", "InternalError"),
+])
+def test_the_cause_is_told_from_tensorflows_frame_around_it(text, cause):
+    assert strategy.tensorflow_cause(tf.errors.InternalError(None, None, text)) == cause
+
+
+def test_a_tpu_that_fails_inside_its_graph_gives_the_cause_in_one_line(
+        monkeypatch, no_tpu_env, tmp_path):
+    _fake_resolver(monkeypatch, lambda tpu: None)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
+
+    def initialize_tpu_system(resolver):
+        raise tf.errors.InternalError(None, None, GRAPH_ERROR)
+
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize_tpu_system)
+    with pytest.raises(UserError) as error:
+        _tpu_set_up("local", tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "Graph execution error" not in message
+    assert message.startswith("the TPU on this machine was found but could not be initialised "
+                              "(TensorFlow said: RET_CHECK failure (learning/45eac/google/xla/"
+                              "tpu_node_interfaces.cc:432) *platform); likely causes")
+
+
+def test_no_tpu_device_is_said_before_anything_initialises_the_tpu(monkeypatch, no_tpu_env,
+                                                                  tmp_path):
+    # the devices tensorflow-tpu 2.20.0 listed on a host without chips, with libtpu loaded,
+    # PJRT or not; with PJRT, initialize_tpu_system then died of SIGSEGV (docs/tpus.md)
+    _fake_resolver(monkeypatch, lambda tpu: None, devices=("CPU", "TPU_SYSTEM"))
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster",
+                        lambda r: pytest.fail("connected without a TPU device"))
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
+                        lambda r: pytest.fail("initialised without a TPU device"))
+    with pytest.raises(UserError) as error:
+        _tpu_set_up("local", tmp_path)
+    message = str(error.value)
+    assert message.startswith("TensorFlow lists no TPU device on this machine (only CPU, "
+                              "TPU_SYSTEM), so its TPU cannot be initialised; likely causes: ")
+    assert message.endswith("or use --rehearse 8 to rehearse on 8 logical CPU devices")
+
+
+def test_no_device_check_for_a_tpu_at_an_address(monkeypatch):
+    """A TPU Node's devices are remote: what answers at its address is the check."""
+    class Remote:
+        def __init__(self, tpu=None):
+            pass
+
+        def master(self):
+            return "grpc://10.0.0.2:8470"
+
+    monkeypatch.setattr(strategy, "answers", lambda address, timeout_s: True)
+    monkeypatch.setattr(strategy, "local_devices", lambda: pytest.fail("devices listed"))
+    assert isinstance(strategy._find_tpu(Remote, "grpc://10.0.0.2:8470"), Remote)
+
+
+def _machine(root, device_file):
+    """A TPU VM without a readable /sys, as in a container: one chip device file."""
+    (root / device_file).parent.mkdir(parents=True, exist_ok=True)
+    (root / device_file).write_text("")
+    return root
+
+
+@pytest.mark.parametrize("device_file", ["dev/vfio/3", "dev/accel2", "dev/vfio/0",
+                                         "dev/accel0"])
+def test_a_tpu_vm_is_local_whatever_chip_device_it_shows(monkeypatch, no_tpu_env, tmp_path,
+                                                          device_file):
+    from pyimagesearch.platforms import host
+
+    monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, device_file)))
+    asked = []
+    assert strategy._tpu_resolver(_colab_resolver(asked), None) == "local"
+    assert asked == ["local"]
+    assert strategy._tpu_resolver(_colab_resolver(asked), "my-tpu") == "my-tpu"  # --tpu wins
+
+
+def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_path):
+    from pyimagesearch.platforms import host
+
+    monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, "dev/vfio/vfio")))  # no chip
+    asked = []
+    with pytest.raises(ValueError, match="Please provide a TPU Name"):
+        strategy._tpu_resolver(_colab_resolver(asked), None)
+    assert asked == [None]
+
+
+def _colab_resolver(asked):
+    """TPUClusterResolver as on Colab's and Kaggle's TPU VMs: no name, no TPU; records calls."""
+    def resolver(tpu=None):
+        asked.append(tpu)
+        if tpu is None:
+            raise ValueError("Please provide a TPU Name to connect to.")
+        return tpu
+    return resolver
 
 
 def test_a_tpu_that_cannot_be_reached_says_so(monkeypatch, no_tpu_env, tmp_path):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 
+from pyimagesearch.platforms import tpu_runtime
 from pyimagesearch.platforms.host import ROOT_ENV, detect
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
@@ -55,9 +56,17 @@ class Run:
 
 
 def runtime(device="auto", root=None, environ=None, modules=None):
-    """The Host, after checking `device`: what the notebook will train on."""
+    """The Host, after checking `device`: what the notebook will train on.
+
+    The kernel's environment (`environ`, os.environ) gets TPU_LOAD_LIBRARY=0,
+    unless the user set it: what the kernel starts itself, TensorBoard's
+    %tensorboard above all, then imports TensorFlow without taking the TPU,
+    and a second Run all still finds it free. The scripts do not inherit it
+    (script_environment).
+    """
     if device not in DEVICES:
         raise NotebookStop(f"DEVICE is {device!r}; choose one of {', '.join(DEVICES)}")
+    tpu_runtime.leave_the_tpu_alone(environ)
     host = detect(root, environ, modules)
     print(f"[INFO] runtime: {host.describe()}")
     return host
@@ -372,8 +381,12 @@ def _drive_folder(mount):
 # --- running the scripts ----------------------------------------------------------------
 
 def script_environment():
-    """The environment a script runs in: TensorFlow's Keras, output as it comes."""
-    environ = dict(os.environ)
+    """The environment a script runs in: TensorFlow's Keras, output as it comes.
+
+    Without the kernel's TPU_LOAD_LIBRARY=0 (runtime): each script decides
+    for itself, and only the TPU run lets TensorFlow load libtpu.
+    """
+    environ = tpu_runtime.without_our_hold(dict(os.environ))
     # JAX-first TPU images set KERAS_BACKEND=jax; the scripts are TensorFlow's
     environ["KERAS_BACKEND"] = "tensorflow"
     environ["PYTHONUNBUFFERED"] = "1"

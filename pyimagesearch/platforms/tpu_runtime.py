@@ -1,20 +1,34 @@
-"""TensorFlow's runtime for a TPU v5e, v5p or v6e, set up before TensorFlow is imported.
+"""TensorFlow's TPU runtime, chosen before TensorFlow is imported: who loads libtpu, and how.
 
-TensorFlow reaches TPUs up to v4 through the TPU runtime it loads itself
-(the "stream executor" one). From v5e on it reaches them only through
-PJRT, as a pluggable device: `import tensorflow` loads the library named
-by TF_PLUGGABLE_DEVICE_LIBRARY_PATH (libtpu's libtpu.so), and libtpu reads
-NEXT_PLUGGABLE_DEVICE_USE_C_API=true to talk to it through PJRT's C API.
-Set after the import, they do nothing. So train_tpu.py (and tools/matmul_benchmark.py --device tpu)
-call `prepare` before anything imports TensorFlow; where and why, with
-the sources, is in docs/tpus.md.
+Two things about a TPU machine are decided when TensorFlow is imported, so
+this module decides them first (docs/tpus.md has the sources):
 
-- a host with a PJRT-only TPU (host.py): both variables are set, the
-  library path from libtpu's own `get_library_path()`;
+- **Whether this process takes the TPU at all.** tensorflow-tpu's import
+  opens libtpu, takes its lock (/tmp/libtpu_lockfile) and initialises it,
+  unless TPU_LOAD_LIBRARY=0. `leave_the_tpu_alone` sets that; the package's
+  __init__ calls it, so every script, tool and notebook kernel of this repo
+  leaves the chips alone. `prepare` takes it back out for the one process
+  that trains on the TPU (train_tpu.py, tools/matmul_benchmark.py --device
+  tpu), and never for a rehearsal. A TPU_LOAD_LIBRARY of the user's own
+  stays as it is everywhere.
+- **Which runtime reaches the chips.** From v5e on, TensorFlow reaches them
+  only through PJRT, as a pluggable device: `import tensorflow` loads the
+  library named by TF_PLUGGABLE_DEVICE_LIBRARY_PATH (libtpu's libtpu.so),
+  and libtpu reads NEXT_PLUGGABLE_DEVICE_USE_C_API=true to talk to it
+  through PJRT's C API. On v2-v4, TensorFlow's older "stream executor"
+  runtime serves without them, and PJRT is offered with
+  PYIMAGESEARCH_TPU_RUNTIME=pjrt (what Google's own release tests run).
+  Set after the import, the variables do nothing.
+
+`prepare`, for the TPU run:
+- a PJRT host (host.py), or PYIMAGESEARCH_TPU_RUNTIME=pjrt on any TPU: both
+  variables are set, the library path from libtpu's own `get_library_path()`,
+  and TPU_LIBRARY_PATH (what TensorFlow's own loader opens) names the same
+  file, so one process never holds two libtpu builds;
 - a value the user set for either variable keeps both as the user left
-  them, whatever they are;
+  them;
 - a rehearsal (`--rehearse`), a host without TPU, or a v2-v4 TPU: nothing
-  is set, so a rehearsal on a TPU machine leaves its chips alone.
+  is set.
 """
 import importlib.metadata
 import os
@@ -24,9 +38,19 @@ from pyimagesearch.platforms.host import detect
 
 USE_C_API = "NEXT_PLUGGABLE_DEVICE_USE_C_API"
 LIBRARY_PATH = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
+TPU_LIBRARY_PATH = "TPU_LIBRARY_PATH"  # the libtpu TensorFlow's own loader opens at import
+# "0": TensorFlow's loader (and libtpu's, under PJRT) refuses to load libtpu,
+# so the import takes no lock and initialises nothing; "1": loads it without
+# the lock. Read by TryAcquireTpuLock (xla/stream_executor/tpu/tpu_initialize_util.cc),
+# which tensorflow-tpu's import calls (tensorflow/core/tpu/tpu_api_dlsym_initializer.cc)
+LOAD_LIBRARY = "TPU_LOAD_LIBRARY"
+OURS = "PYIMAGESEARCH_TPU_LOAD_LIBRARY"  # "0": the TPU_LOAD_LIBRARY=0 beside it is this package's
+RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJRT on v2-v4 too
+RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
 prepared = None  # what `prepare` did in this process, in words (None: not called)
+_HELD = f"; your {LOAD_LIBRARY}=0 keeps TensorFlow from loading libtpu"
 
 
 def rehearses(argv):
@@ -88,8 +112,28 @@ def libtpu_version():
         return "not installed"
 
 
+def leave_the_tpu_alone(environ=None):
+    """TPU_LOAD_LIBRARY=0 in `environ` (os.environ), unless the user set it: TensorFlow's import
+    (and every process started from here) then leaves the TPU alone; `prepare` undoes it.
+
+    Cheap and harmless without tensorflow-tpu: only its TPU loader and
+    libtpu read the variable.
+    """
+    environ = os.environ if environ is None else environ
+    if LOAD_LIBRARY not in environ:
+        environ[LOAD_LIBRARY] = environ[OURS] = "0"
+
+
+def without_our_hold(environ):
+    """`environ` without the TPU_LOAD_LIBRARY=0 of `leave_the_tpu_alone`; the user's own stays."""
+    if environ.pop(OURS, None) is not None and environ.get(LOAD_LIBRARY) == "0":
+        del environ[LOAD_LIBRARY]
+    return environ
+
+
 def prepare(argv, environ=None, host=None, library_path=libtpu_path):
-    """Set PJRT's two variables if this run is for a TPU that needs them; what was done, in words.
+    """For the TPU run: let TensorFlow load libtpu, and set PJRT's variables if this TPU needs
+    them; what was done, in words.
 
     `argv`: the command line's arguments (a rehearsal sets nothing);
     `environ`, `host`, `library_path`: stand-ins for tests.
@@ -105,29 +149,67 @@ def _prepare(argv, environ, host, library_path):
         return "too late: TensorFlow is imported already"
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
-    host = detect() if host is None else host
-    if not host.needs_pjrt:
+    without_our_hold(environ)
+    held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
+    return _choose_runtime(environ, detect() if host is None else host, library_path) + held
+
+
+def _choose_runtime(environ, host, library_path):
+    """The PJRT variables for `host`, where it needs them or the user asks; what was done."""
+    wanted = environ.get(RUNTIME_ENV) or "auto"
+    if wanted not in RUNTIMES:
+        print(f"[INFO] {RUNTIME_ENV}={wanted} is neither auto nor pjrt: auto is used",
+              file=sys.stderr)
+        wanted = "auto"
+    if not (host.needs_pjrt or (wanted == "pjrt" and host.tpu_chips)):
         return "no TPU that needs PJRT"
     if USE_C_API in environ or LIBRARY_PATH in environ:
         return (f"PJRT as you set it ({USE_C_API}={environ.get(USE_C_API, '')!r}, "
-                f"{LIBRARY_PATH}={environ.get(LIBRARY_PATH, '')!r})")
+                f"{LIBRARY_PATH}={environ.get(LIBRARY_PATH, '')!r})"
+                + _one_libtpu(environ, environ.get(LIBRARY_PATH, '')))
     path = library_path()
     if not path:
         return "libtpu is not installed: pip install -r requirements-tpu.txt"
     environ[USE_C_API] = "true"
     environ[LIBRARY_PATH] = path
-    return f"PJRT through {path} (libtpu {libtpu_version()})"
+    return f"PJRT through {path} (libtpu {libtpu_version()})" + _one_libtpu(environ, path)
+
+
+def _one_libtpu(environ, path):
+    """TPU_LIBRARY_PATH set to `path`, the PJRT plugin's libtpu, where unset; '' or a warning.
+
+    tensorflow-tpu's import opens TPU_LIBRARY_PATH (else site-packages'
+    libtpu/libtpu.so) by itself, and the PJRT plugin is loaded beside it: a
+    plugin path naming another file would put two libtpu builds in one
+    process.
+    """
+    if not os.path.isfile(path):
+        return ""  # a folder of plugins, or nothing: TensorFlow's import says what is wrong
+    other = environ.get(TPU_LIBRARY_PATH)
+    if not other:
+        environ[TPU_LIBRARY_PATH] = path
+        return ""
+    if os.path.realpath(other) == os.path.realpath(path):
+        return ""
+    print(f"[INFO] {TPU_LIBRARY_PATH}={other} and {LIBRARY_PATH}={path} name two libtpu "
+          f"builds, and TensorFlow loads both: set {TPU_LIBRARY_PATH} to the same file",
+          file=sys.stderr)
+    return f"; {TPU_LIBRARY_PATH} names another libtpu ({other})"
 
 
 def likely_causes():
     """What a user can act on when a TPU is found but TensorFlow cannot initialise it."""
-    if prepared is None or prepared.startswith(("too late", "no TPU")):
+    said, held, _ = (prepared or "").partition(_HELD)
+    if prepared is None or said.startswith(("too late", "no TPU")):
         runtime = (f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
-                   "library> set before TensorFlow is imported (train_tpu.py does it)")
-    elif prepared.startswith("libtpu is not installed"):
+                   "library> set before TensorFlow is imported (train_tpu.py does it; on "
+                   f"v2-v4 {RUNTIME_ENV}=pjrt asks for it)")
+    elif said.startswith("libtpu is not installed"):
         runtime = "libtpu is not installed, and this TPU needs it"
     else:
-        runtime = f"TensorFlow's PJRT runtime, set up as {prepared}"
+        runtime = f"TensorFlow's PJRT runtime, set up as {said}"
+    if held:
+        runtime = f"{LOAD_LIBRARY}=0 in your environment, which keeps libtpu unloaded; {runtime}"
     return (f"{runtime}; a libtpu that does not match this TensorFlow "
             "(pip install -r requirements-tpu.txt installs the pair); another process "
             "holding the chips (a second notebook, an earlier run: end it or restart the "
