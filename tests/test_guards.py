@@ -24,7 +24,7 @@ import matmul_benchmark
 from pyimagesearch import cli
 from pyimagesearch.platforms import tpu_runtime
 from test_launcher import _wait_gone, reap  # noqa: F401  (reap: a fixture)
-from test_platforms import _at_tensorflow_import, _stand_ins
+from test_platforms import HELD_OFF, _at_tensorflow_import, _pjrt, _stand_ins
 
 # --- the pre-parse reads what argparse reads ------------------------------------------------
 
@@ -43,9 +43,8 @@ def test_the_tpu_runtime_is_set_up_on_a_v5e_for_each_form_of_the_flags(
     # a stand-in v5e and libtpu; the process ends where TensorFlow would be imported
     env, record, library = _stand_ins(tmp_path)
     found = _at_tensorflow_import(repo, env, record, *args, script=script)
-    assert found == ({tpu_runtime.USE_C_API: "true", tpu_runtime.LIBRARY_PATH: str(library)}
-                     if expected == PJRT_SET else
-                     {tpu_runtime.USE_C_API: "None", tpu_runtime.LIBRARY_PATH: "None"})
+    # PJRT's variables and libtpu loaded for the TPU run; neither for the others
+    assert found == (_pjrt(library) if expected == PJRT_SET else HELD_OFF)
 
 
 def _matmul_flags(monkeypatch, argv):
