@@ -16,7 +16,7 @@ from pyimagesearch import config
 from pyimagesearch.data import get_data
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.data import figure_digits  # +
+from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
 from pyimagesearch.training.loop import custom_loop  # +
 import tensorflow as tf

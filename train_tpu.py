@@ -19,14 +19,14 @@ from pyimagesearch import config
 from pyimagesearch.data import get_data
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.data import figure_digits  # +
+from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
 from pyimagesearch.training.loop import custom_loop  # +
 import tensorflow as tf
-# the article imports TPUClusterResolver, experimental_connect_to_cluster,
-# initialize_tpu_system, TPUStrategy and array_to_img here with five
-# `from tensorflow... import` lines; on TensorFlow 2.20 and 2.21 the first and
-# the fourth fail (the README's listings table), so all go through `tf.` below
+# the article's five `from tensorflow... import` lines: on TensorFlow 2.20 and
+# 2.21 the first and the fourth fail (the README's listings table), so its TPU
+# names (TPUClusterResolver, ..., TPUStrategy) go through `tf.` below, and
+# array_to_img is not used (see the figure)
 from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pyplot
 # import os: the outputs' folder is made by outputs.RunOutputs (a bucket too)
 

@@ -1,13 +1,18 @@
 """The scripts are the article's listing: its steps in its order, and the ones that really run.
 
 A reader opens train_tpu.py beside the article. These tests hold each
-script to the listing's steps, in order; count, by wrapping them before a
-script runs, that `get_data`, `Model.fit` and `Model.predict` are what it
-trains and predicts with; and hold the package to the article's shape, with
-its imports running downwards only.
+script to the listing's steps, in order; compare, statement by statement and
+argument by argument (through `ast`), what is left of each script once its
+"# +" lines are skipped with the listing (ARTICLE_LISTING, written out here:
+the tests never read the article), every difference a row of the README's
+departures table; count, by wrapping them before a script runs, that
+`get_data`, `Model.fit` and `Model.predict` are what it trains and predicts
+with; and hold the package to the article's shape, with its imports running
+downwards only.
 """
 import ast
 import copy
+import dataclasses
 import difflib
 import io
 import pathlib
@@ -316,18 +321,45 @@ def _normal(code):
     return ast.unparse(ast.parse(code).body[0])
 
 
+SCRIPT_NAME = re.compile(r"train_(?:cpu|gpu|tpu)\.py")
+
+
 def departures_table(readme):
-    """The README's departures table: (article's statements, the scripts', why) per row."""
+    """The README's departures table, a row a Departure.
+
+    A row whose reason opens with scripts (`train_cpu.py` and `train_gpu.py`: ...)
+    is theirs alone; a statement of the scripts' column followed by scripts in
+    brackets (`...` (train_tpu.py)) is theirs alone.
+    """
     section = readme.split("### Departures from the listing", 1)[1].split("\n#", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) != 3 or not cells[0] or set(cells[0]) <= set("-: "):
             continue
-        article, script = ([_normal(code) for code in re.findall(r"`([^`]+)`", cell)]
-                           for cell in cells[:2])
-        rows.append((article, script, cells[2]))
+        article = [_normal(code) for code in re.findall(r"`([^`]+)`", cells[0])]
+        ours = [(_normal(code), set(SCRIPT_NAME.findall(after)) or None) for code, after in
+                re.findall(r"`([^`]+)`((?:\s*\([^)`]*\))?)", cells[1])]
+        opening = re.match(r"((?:`?train_\w+\.py`?(?:,| and|\s)*)+):", cells[2])
+        scripts = set(SCRIPT_NAME.findall(opening[1])) if opening else None
+        rows.append(Departure(article, ours, cells[2], scripts))
     return rows[1:]  # the header row names the columns
+
+
+@dataclasses.dataclass
+class Departure:
+    """A row of the README's departures table."""
+
+    article: list      # the listing's statements it leaves out
+    ours: list         # (statement, the scripts it is for, None: all) it puts in
+    why: str
+    scripts: set | None  # the scripts the row is for; None: all
+
+    def named(self, script):
+        """What this row lets `script` leave out and put in."""
+        if self.scripts is not None and script not in self.scripts:
+            return [], []
+        return self.article, [code for code, only in self.ours if only is None or script in only]
 
 
 def departures(listing, statements):
@@ -344,8 +376,8 @@ def departures(listing, statements):
 def _unexplained(script, source, rows):
     """The departures of `source` from `script`'s listing that no row of the table names."""
     left_out, added = departures(listing_of(script), unmarked_statements(source))
-    named_left = {code for article, _, _ in rows for code in article}
-    named_added = {code for _, ours, _ in rows for code in ours}
+    named_left = {code for row in rows for code in row.named(script)[0]}
+    named_added = {code for row in rows for code in row.named(script)[1]}
     return ([code for code in left_out if code not in named_left],
             [code for code in added if code not in named_added])
 
@@ -354,7 +386,7 @@ def _unexplained(script, source, rows):
 def test_skipping_the_marked_lines_leaves_the_listing_or_a_departure_the_readme_names(script):
     rows = departures_table((REPO / "README.md").read_text())
     assert rows, "the README has no departures table"
-    assert all(why for _, _, why in rows)
+    assert all(row.why for row in rows)
     left_out, added = _unexplained(script, (REPO / script).read_text(), rows)
     assert left_out == [], f"{script} leaves out the listing's {left_out}: no departure says why"
     assert added == [], f"{script} adds, unmarked, {added}: no departure says why"
@@ -362,20 +394,21 @@ def test_skipping_the_marked_lines_leaves_the_listing_or_a_departure_the_readme_
 
 def test_every_departure_in_the_readme_is_one_a_script_makes():
     rows = departures_table((REPO / "README.md").read_text())
-    made_left, made_added = set(), set()
-    for script in OWN_STRATEGY:
-        left_out, added = departures(listing_of(script),
-                                     unmarked_statements((REPO / script).read_text()))
-        made_left.update(left_out)
-        made_added.update(added)
-    stale = [(article, ours) for article, ours, _ in rows
-             if not (set(article) & made_left or set(ours) & made_added)]
+    made = {script: departures(listing_of(script),
+                               unmarked_statements((REPO / script).read_text()))
+            for script in OWN_STRATEGY}
+    stale = [row.article + row.ours for row in rows if not any(
+        set(row.named(script)[0]) & set(left_out) or set(row.named(script)[1]) & set(added)
+        for script, (left_out, added) in made.items())]
     assert stale == []
 
 
 @pytest.mark.parametrize("change", [
     ("epochs=config.EPOCHS,", "epochs=3,"),                       # an argument
     ("batchSize=config.TPU_BATCH_SIZE,", "batchSize=512,"),       # the first get_data
+    # another script's departure is not this one's
+    ("batchSize=config.TPU_BATCH_SIZE,", "batchSize=config.BATCH_SIZE * numAcc,"),
+    ("steps_per_epoch=config.TPU_STEPS_PER_EPOCH,", "steps_per_epoch=config.STEPS_PER_EPOCH,"),
     ("mseLoss = MSELoss(scale=numAcc)", "mseLoss = MSELoss(scale=2)"),
     ('ax[1].set_title("Predicted Image")', 'ax[1].set_title("Output")'),
     ("    numAcc = strategy.num_replicas_in_sync\n", ""),         # a line gone
@@ -392,3 +425,22 @@ def test_a_changed_unmarked_line_fails_the_comparison(change):
         assert unexplained == ([], [])
     else:
         assert unexplained != ([], []), change
+
+
+@pytest.mark.parametrize("label, says", [
+    ("sample", "digits 0-7 of the 5,000-digit sample, not MNIST"),
+    ("tfrecord (sample)", "digits 0-7 of the 5,000-digit sample, not MNIST"),
+    ("stand-in", "images of a stand-in, not MNIST"),
+    ("tfds", "digits 0-7 of MNIST (tfds)"),
+])
+def test_the_figure_names_its_run_and_whose_digits_it_shows(label, says):
+    import types
+
+    from pyimagesearch.outputs import figure_title
+
+    plan = types.SimpleNamespace(name="tpu_rehearsal", global_batch_size=1024,
+                                 steps_per_epoch=58, learning_rate=0.001,
+                                 source=types.SimpleNamespace(label=label))
+    title = figure_title(plan, {"val_loss": [0.5, 0.00721]}).splitlines()
+    assert title == ["tpu_rehearsal: val_loss 0.0072", "batch 1024, 58 steps/epoch, lr 0.001",
+                     says]
