@@ -4,28 +4,30 @@
 # python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1
 """Train the article's MNIST autoencoder on every visible GPU with MirroredStrategy.
 
-The article's listing, step by step; lines marked "# +" go beyond it. Under a
-TF_CONFIG of several machines this is one worker, and only the chief writes.
-Writes outputs/gpu.png, gpu.json (the run record) and gpu.keras; a rehearsal
-writes gpu_rehearsal.* instead.
+The article's TPU listing with a GPU's strategy; lines marked "# +" go beyond
+it, and skipping them leaves the listing with the departures the README's
+table lists. Under a TF_CONFIG of several machines this is one worker, and only
+the chief writes. Writes outputs/gpu.png, gpu.json (the run record) and
+gpu.keras; a rehearsal writes gpu_rehearsal.* instead.
 """
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
-# start-up notices off the terminal)
+# start-up notices off the terminal; the seed is fixed once the flags are read)
 from pyimagesearch import config
-from pyimagesearch.data import get_data, figure_digits
+from pyimagesearch.data import get_data
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
+from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
 from pyimagesearch.training.loop import custom_loop  # +
-from matplotlib.figure import Figure
 import tensorflow as tf
+# the article's `from tensorflow... import` lines are the TPU's; this script
+# needs none of them (array_to_img: see the figure below)
+from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pyplot
+# import os: the outputs' folder is made by outputs.RunOutputs (a bucket too)
 
 
-def main(argv=None):
+def main(argv=None):  # +
     args = cli.parse_args("gpu", __doc__, argv)  # + the flags and TF_CONFIG, checked
-    # fix the random seed for reproducibility: config.SEED (42) seeds Python's
-    # and NumPy's generators too, not only TensorFlow's (--seed changes it)
-    tf.keras.utils.set_random_seed(args.seed)
 
     # initialize the GPU strategy: MirroredStrategy over every visible GPU
     if args.cluster:  # + several machines: one worker of the TF_CONFIG
@@ -40,21 +42,27 @@ def main(argv=None):
 
     # get the number of accelerators
     numAcc = strategy.num_replicas_in_sync
-    print(f"[INFO] number of accelerators: {numAcc}")
-    plan = cli.plan("gpu", args, strategy)  # + batch, steps and data of the flags
+    print(f"[INFO] Number of accelerators: {numAcc}")
+    # + the flags set config's values: BATCH_SIZE, the steps derived from it,
+    # + EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
+    config, plan = cli.configure("gpu", args, strategy)  # +
+
+    # fix the random seed for reproducibility: the article's tf.random.set_seed(42)
+    # comes first; config.SEED (42, or --seed) seeds Python and NumPy too
+    tf.keras.utils.set_random_seed(config.SEED)
     run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
 
-    # get the training dataset: config.BATCH_SIZE (128) images per replica
+    # get the training dataset: config.BATCH_SIZE (128) images per replica,
+    # where the TPU listing's config.TPU_BATCH_SIZE is global
     print("[INFO] loading the training and validation datasets...")
     trainDs = get_data(dataName=config.DATA_NAME,
         split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
-        batchSize=plan.global_batch_size,  # (config.BATCH_SIZE or --batch-size) * numAcc
+        batchSize=config.BATCH_SIZE * numAcc,
         plan=plan, skip=run.start)  # + the data source; steps a backup holds
 
     # get the validation dataset: one pass over the split
     valDs = get_data(dataName=config.DATA_NAME,
-        split=config.VALIDATION_FLAG,
-        batchSize=plan.global_batch_size,  # (config.BATCH_SIZE or --batch-size) * numAcc
+        split=config.VALIDATION_FLAG, batchSize=config.BATCH_SIZE * numAcc,
         plan=plan)  # +
 
     # train the model in the scope
@@ -62,49 +70,48 @@ def main(argv=None):
         # initialize the autoencoder model and compile it
         print("[INFO] initializing the model...")
         model = AutoEncoder()
-        # Keras 3 sums the replicas' gradients and, unlike the article's
-        # tf.keras 2, leaves dividing this loss to us (see loss.py)
+        # the article's scale=1: Keras 3 sums the replicas' gradients and,
+        # unlike the article's tf.keras 2, leaves dividing this loss to us
         mseLoss = MSELoss(scale=numAcc)
-        model.compile(loss=mseLoss,
-            optimizer=plan.optimizer(),  # config.OPTIMIZER (adam), or --optimizer
+        model.compile(loss=mseLoss, optimizer=config.OPTIMIZER,
             steps_per_execution=plan.steps_per_execution,  # + fewer calls from Python
             jit_compile=args.jit_compile)  # + --jit-compile: XLA
 
-        # train the model
+        # train the model: an epoch of config.STEPS_PER_EPOCH steps (the TPU
+        # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom, and every cluster: loop.py
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first
             trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)  # +
-            history = model.fit(trainDs,  # history: for the run record
-                epochs=args.epochs,  # config.EPOCHS (5), or --epochs
-                steps_per_epoch=plan.steps_per_epoch,  # the epoch's images / batch
+            model.fit(trainDs, epochs=config.EPOCHS,
+                steps_per_epoch=config.STEPS_PER_EPOCH,
                 validation_data=valDs,
                 initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
-                shuffle=False, verbose=plan.verbose).history  # + trainDs is shuffled
+                shuffle=False, verbose=plan.verbose)  # + trainDs is shuffled
+            history = model.history.history  # + the losses, for the run record
 
     # grab 8 different digits from the validation set (the article takes valDs'
     # first batch), the same for every run, repeated so every replica has some,
     # and predict them in one batch (Keras' default of 32 starves replicas past 32)
     print("[INFO] evaluating the model...")
     testIm = figure_digits(plan.source.examples(config.VALIDATION_FLAG), numAcc)
-    predIm = model.predict(testIm, batch_size=len(testIm), verbose=0)
+    predIm = model.predict(testIm,
+        batch_size=len(testIm), verbose=0)  # +
     record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
 
-    # create subplots: a Figure of its own, not pyplot's (no window, no
-    # global state), 8 rows; the title says which run it shows
-    fig = Figure(figsize=(4, 2 * config.NUM_FIGURE_DIGITS), layout="constrained")
-    fig.suptitle(f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}\n"
-        f"batch {plan.global_batch_size}, {plan.steps_per_epoch} steps/epoch, "
-        f"lr {plan.learning_rate:g}", fontsize="medium")
+    # create subplots: a Figure of its own, not pyplot's (no window, no global
+    # state); 4 x 16 inches at 80 dpi, not the article's (10, 40) at 100
+    fig = Figure(figsize=(4, 16), layout="constrained")
+    axes = fig.subplots(nrows=8, ncols=2,
+        subplot_kw={"xticks": [], "yticks": []})  # + pixel ticks tell nothing
+    fig.suptitle(outputs.figure_title(plan, record), fontsize="medium")  # + the run
 
     # iterate over the subplots and fill with test and predicted images, in
     # their true grey levels (array_to_img would stretch each one's contrast)
     print("[INFO] displaying the predicted images...")
-    rows = fig.subplots(nrows=config.NUM_FIGURE_DIGITS, ncols=2,
-        subplot_kw={"xticks": [], "yticks": []})  # pixel ticks tell nothing here
-    for ax, real, pred in zip(rows, testIm, predIm):
+    for ax, real, pred in zip(axes, testIm[:8], predIm[:8]):
         # plot the input image
         ax[0].imshow(real[..., 0], cmap="gray", vmin=0, vmax=1)
         ax[0].set_title("Input Image")
@@ -113,13 +120,14 @@ def main(argv=None):
         ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
         ax[1].set_title("Predicted Image")
 
-    # save the figure to config.GPU_IMG_PATH (or --output-dir), with the run
-    # record and the model beside it: the three replace earlier ones together
+    # save the figure: the listing's fig.savefig(config.GPU_IMG_PATH) (under
+    # --output-dir), staged with the run record and the model, the three
+    # replacing earlier ones together (RunOutputs also makes the folder)
     print("[INFO] saving the predicted images...")
     with outputs.RunOutputs(plan, run, record) as staged:  # + all three or none
-        fig.savefig(staged.path("png"), dpi=80)  # dpi 80: a 320x1280 figure
+        fig.savefig(staged.path("png"), dpi=80)  # + config.GPU_IMG_PATH, staged
         model.save(staged.path("keras"))  # +
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # +
     cli.run_main(main)  # + a wrong flag, a lost peer or a signal: one line, an exit status

@@ -4,7 +4,8 @@ The article's four modules are at the top, and three that the training
 scripts call by name; everything else is one level down:
 
     config, data (get_data), autoencoder, loss    the article's modules
-    cli          the flags, what they ask of a run (plan, callbacks), one-line exits
+    cli          the flags, set into config's values (configure), what they ask of a
+                 run (plan, callbacks), one-line exits
     strategies   what stands behind the scripts' strategy calls
     outputs      the run record; figure, record and model written all or none
     datasets/    the sources (tfds, the sample, TFRecords), pipelines, TFRecord format

@@ -2,6 +2,9 @@
 
 - `parse_args`: the flags (each defaults to config.py), TF_CONFIG and the
   output folders, all checked before any device is set up;
+- `configure`: config.py's names with the values the flags give them on a
+  strategy (batch, steps, epochs, seed, the optimizer with its learning
+  rate), which the listing's lines then read, and the run's `plan`;
 - `plan`: what the flags ask of a run on its strategy (a RunPlan, which
   `get_data` reads): global batch, steps, data source, precision;
 - `callbacks`: the callbacks the flags ask for (timer, backup, TensorBoard,
@@ -16,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import types
 
 from pyimagesearch import config
 from pyimagesearch.datasets.sources import SOURCES
@@ -243,6 +247,31 @@ def parse_args(device, description, argv=None):
     check_run_flags(Settings.from_args(args),
                     is_chief=args.cluster is None or args.cluster.is_chief)
     return args
+
+
+def configure(device, args, strategy):
+    """config.py's values as the flags set them for a run on `strategy`; and the run's plan.
+
+    The config is a copy of config.py's upper-case names (a reader's edits
+    included, since the flags' defaults are read from them), never config.py
+    itself, so a second run in the same interpreter starts from config.py
+    again. Changed: SEED and EPOCHS; the batch (TPU_BATCH_SIZE, global; on
+    CPU and GPU BATCH_SIZE, per replica) and the steps per epoch
+    (TPU_STEPS_PER_EPOCH, or STEPS_PER_EPOCH on CPU and GPU) derived from
+    it; on a TPU, TPU_VALIDATION_STEPS as the data source allows; and
+    OPTIMIZER, a Keras optimizer config that carries the learning rate
+    (scaled by --lr-scaling), which compile() builds inside the strategy's scope.
+    """
+    run = plan(device, args, strategy)
+    values = {name: getattr(config, name) for name in dir(config) if name.isupper()}
+    values.update(SEED=args.seed, EPOCHS=args.epochs, OPTIMIZER=run.optimizer_config())
+    if device == "tpu":
+        values.update(TPU_BATCH_SIZE=run.global_batch_size,
+                      TPU_STEPS_PER_EPOCH=run.steps_per_epoch,
+                      TPU_VALIDATION_STEPS=run.validation.steps)
+    else:
+        values.update(BATCH_SIZE=args.batch_size, STEPS_PER_EPOCH=run.steps_per_epoch)
+    return types.SimpleNamespace(**values), run
 
 
 def plan(device, args, strategy):

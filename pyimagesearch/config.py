@@ -1,6 +1,8 @@
 """Training configuration: the article's names, one constant per line.
 
-Every value here is a default; the training scripts let a flag override it.
+Every value here is a default; the training scripts let a flag override it:
+cli.configure gives each run a copy of these names with the flags' values,
+which the scripts' listing lines read (config.TPU_BATCH_SIZE, config.EPOCHS, ...).
 Values derived from others (steps per epoch) are computed from them so that
 changing one constant cannot leave another stale.
 """
@@ -19,6 +21,10 @@ SAMPLE_VALIDATION_FRACTION = 0.1  # of the 5,000-digit sample held out, per clas
 BATCH_SIZE = 128             # images per replica on CPU and GPU
 TPU_BATCH_SIZE = 1024        # global batch on TPU (128 per core on 8 cores)
 EPOCHS = 5                   # passes over TRAIN_IMAGES
+# steps per epoch on CPU and GPU (train_cpu.py and train_gpu.py), which
+# derive it from their global batch (BATCH_SIZE per replica times the
+# replicas), or take --steps-per-epoch; on one replica:
+STEPS_PER_EPOCH = TRAIN_IMAGES // BATCH_SIZE                 # 468
 # a TPU step needs a full, evenly split batch, so TPU epochs are a fixed
 # number of steps over a repeated dataset. train_tpu.py reads both values
 # when it runs with TPU_BATCH_SIZE (a --batch-size of its own derives them
@@ -39,8 +45,12 @@ TPU_VALIDATION_STEPS = VALIDATION_IMAGES // TPU_BATCH_SIZE    # 9
 STEPS_PER_EXECUTION = 16
 
 # --- optimisation -----------------------------------------------------------
-OPTIMIZER = "adam"           # Keras optimizer name, as in the article
-LEARNING_RATE = 1e-3         # Keras' default for Adam, so the article's value
+# the article passes config.OPTIMIZER to compile() but never prints its
+# config.py: the optimizer it used is not known. Adam is this repository's
+# choice. The scripts pass compile() a Keras config of it that also carries
+# LEARNING_RATE (or --optimizer and --learning-rate): cli.configure
+OPTIMIZER = "adam"           # Keras optimizer name
+LEARNING_RATE = 1e-3         # Keras' default for Adam
 SEED = 42                    # the article's tf.random.set_seed(42)
 
 # --- outputs ----------------------------------------------------------------

@@ -137,6 +137,22 @@ def run_record(plan, run, trained):
     }
 
 
+def figure_title(plan, record):
+    """The figure's title: which run, how it ended, and whose digits it shows.
+
+    "tpu_rehearsal: val_loss 0.0123", the batch, steps and learning rate,
+    then the data: digits of the 5,000-digit sample are said to be the
+    sample's, never MNIST's.
+    """
+    label = plan.source.label
+    digits = ("digits 0-7 of the 5,000-digit sample, not MNIST" if "sample" in label
+              else "images of a stand-in, not MNIST" if "stand-in" in label
+              else f"digits 0-7 of MNIST ({label})")
+    return (f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}\n"
+            f"batch {plan.global_batch_size}, {plan.steps_per_epoch} steps/epoch, "
+            f"lr {plan.learning_rate:g}\n{digits}")
+
+
 def machine_info():
     """A short description of the machine, for the run record."""
     model = platform.processor()

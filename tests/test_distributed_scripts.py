@@ -193,6 +193,6 @@ def test_more_than_32_replicas_predict_their_digits_and_write_every_output(repo,
          "--steps-per-epoch", "1", "--batch-size", "1", "--data-source", "sample",
          "--output-dir", str(tmp_path)], cwd=repo, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "[INFO] number of accelerators: 40" in result.stdout
+    assert "[INFO] Number of accelerators: 40" in result.stdout
     for suffix in ("png", "json", "keras"):
         assert (tmp_path / f"gpu_rehearsal.{suffix}").is_file()

@@ -1,12 +1,20 @@
 """The scripts are the article's listing: its steps in its order, and the ones that really run.
 
 A reader opens train_tpu.py beside the article. These tests hold each
-script to the listing's steps, in order; count, by wrapping them before a
-script runs, that `get_data`, `Model.fit` and `Model.predict` are what it
-trains and predicts with; and hold the package to the article's shape, with
-its imports running downwards only.
+script to the listing's steps, in order; compare, statement by statement and
+argument by argument (through `ast`), what is left of each script once its
+"# +" lines are skipped with the listing (ARTICLE_LISTING, written out here:
+the tests never read the article), every difference a row of the README's
+departures table; count, by wrapping them before a script runs, that
+`get_data`, `Model.fit` and `Model.predict` are what it trains and predicts
+with; and hold the package to the article's shape, with its imports running
+downwards only.
 """
 import ast
+import copy
+import dataclasses
+import difflib
+import io
 import pathlib
 import re
 import tokenize
@@ -15,7 +23,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pyimagesearch"
-MAX_SCRIPT_LINES = 130  # the listing's 82 lines, its extras marked, its departures explained
+MAX_SCRIPT_LINES = 145  # the listing's 82 lines, its extras marked, its departures explained
 # the listing's steps in order; the strategy's differ by device
 STEPS = ["num_replicas_in_sync", "get_data(", "get_data(", "strategy.scope()",
          "AutoEncoder(", "MSELoss(scale=", ".compile(", ".fit(", ".predict(", ".savefig("]
@@ -53,33 +61,6 @@ def test_each_script_holds_the_listing_in_order(script):
         position = found + len(step)
 
 
-# the article's statements, as each script has them once the marked lines are
-# skipped (whitespace folded); where a script departs from the article, the
-# departure is explained beside it (the next test)
-LISTING = {
-    "train_tpu.py": ["tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)",
-                     "tf.config.experimental_connect_to_cluster(tpu)",
-                     "tf.tpu.experimental.initialize_tpu_system(tpu)",
-                     "strategy = tf.distribute.TPUStrategy(tpu)"],
-    "train_gpu.py": ["strategy = tf.distribute.MirroredStrategy()"],
-    "train_cpu.py": ["strategy = tf.distribute.get_strategy()"],
-}
-LISTING_AFTER_THE_STRATEGY = [
-    "numAcc = strategy.num_replicas_in_sync",
-    'print(f"[INFO] number of accelerators: {numAcc}")',
-    'print("[INFO] loading the training and validation datasets...")',
-    "trainDs = get_data(dataName=config.DATA_NAME, split=config.TRAIN_FLAG, "
-    "shuffleSize=config.SHUFFLE_SIZE, batchSize=",
-    "valDs = get_data(dataName=config.DATA_NAME, split=config.VALIDATION_FLAG, batchSize=",
-    "with strategy.scope():", 'print("[INFO] initializing the model...")',
-    "model = AutoEncoder()", "mseLoss = MSELoss(scale=numAcc)",
-    "model.compile(loss=mseLoss, optimizer=", 'print("[INFO] training the autoencoder...")',
-    "model.fit(trainDs, epochs=", "steps_per_epoch=", "validation_data=valDs,",
-    'print("[INFO] evaluating the model...")', "predIm = model.predict(testIm",
-    "ax[0].imshow(", 'ax[0].set_title("Input Image")', "ax[1].imshow(",
-    'ax[1].set_title("Predicted Image")', 'print("[INFO] saving the predicted images...")',
-    "fig.savefig(",
-]
 # names of this repository's machinery: an unmarked line that uses one departs
 # from the article, and its paragraph must say why in a comment
 MACHINERY = re.compile(r"\b(args|plan|run|strategies|outputs|cli|staged|record|history)\b"
@@ -91,17 +72,6 @@ def _unmarked(path):
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("def main("))
     return [line for line in lines[start:] if "# +" not in line]
-
-
-@pytest.mark.parametrize("script", sorted(STRATEGY))
-def test_skipping_the_marked_lines_leaves_the_listing(script):
-    code = " ".join(" ".join(line.split("#", 1)[0].split()) for line in _unmarked(REPO / script))
-    code = code.replace("( ", "(").replace(" )", ")")
-    position = 0
-    for statement in LISTING[script] + LISTING_AFTER_THE_STRATEGY:
-        found = code.find(statement, position)
-        assert found >= 0, f"{script}: {statement!r} missing once the marked lines are skipped"
-        position = found + len(statement)
 
 
 @pytest.mark.parametrize("script", sorted(STRATEGY))
@@ -207,3 +177,270 @@ def test_platforms_and_the_package_top_import_nothing_that_loads_tensorflow():
                 if name.startswith("pyimagesearch"):
                     assert any(name == a or name.startswith(a + ".") for a in allowed), \
                         (path.name, name)
+
+
+# --- the listing, statement by statement ------------------------------------
+# The article's train_tpu.py, one statement a row, keyed by the line of the
+# article's text (../shared/seed/000_0a29a6fa19fceea0.txt, which the tests
+# never read) where it starts; a block's header (`with ...:`) is a statement
+# of its own, its body follows it. Written as ast.unparse writes them.
+ARTICLE_LISTING = [
+    (347, "import tensorflow as tf"),
+    (348, "tf.random.set_seed(42)"),
+    (351, "from pyimagesearch import config"),
+    (352, "from pyimagesearch.data import get_data"),
+    (353, "from pyimagesearch.autoencoder import AutoEncoder"),
+    (354, "from pyimagesearch.loss import MSELoss"),
+    (355, "from tensorflow.distribute.cluster_resolver import TPUClusterResolver"),
+    (356, "from tensorflow.config import experimental_connect_to_cluster"),
+    (357, "from tensorflow.tpu.experimental import initialize_tpu_system"),
+    (358, "from tensorflow.distribute import TPUStrategy"),
+    (359, "from tensorflow.keras.preprocessing.image import array_to_img"),
+    (360, "import matplotlib.pyplot as plt"),
+    (361, "import os"),
+    (366, "tpu = TPUClusterResolver()"),
+    (367, "experimental_connect_to_cluster(tpu)"),
+    (368, "initialize_tpu_system(tpu)"),
+    (369, "strategy = TPUStrategy(tpu)"),
+    (372, "numAcc = strategy.num_replicas_in_sync"),
+    (373, "print(f'[INFO] Number of accelerators: {numAcc}')"),
+    (376, "print('[INFO] loading the training and validation datasets...')"),
+    (377, "trainDs = get_data(dataName=config.DATA_NAME, split=config.TRAIN_FLAG, "
+          "shuffleSize=config.SHUFFLE_SIZE, batchSize=config.TPU_BATCH_SIZE)"),
+    (382, "valDs = get_data(dataName=config.DATA_NAME, split=config.VALIDATION_FLAG, "
+          "batchSize=config.TPU_BATCH_SIZE)"),
+    (392, "with strategy.scope():"),
+    (394, "print('[INFO] initializing the model...')"),
+    (395, "model = AutoEncoder()"),
+    (396, "mseLoss = MSELoss(scale=1)"),
+    (397, "model.compile(loss=mseLoss, optimizer=config.OPTIMIZER)"),
+    (400, "print('[INFO] training the autoencoder...')"),
+    (401, "model.fit(trainDs, epochs=config.EPOCHS, steps_per_epoch=config.TPU_STEPS_PER_EPOCH, "
+          "validation_data=valDs, validation_steps=config.TPU_VALIDATION_STEPS)"),
+    (417, "print('[INFO] evaluating the model...')"),
+    (418, "testIm, _ = next(iter(valDs))"),
+    (419, "predIm = model.predict(testIm)"),
+    (422, "fig, axes = plt.subplots(nrows=8, ncols=2, figsize=(10, 40))"),
+    (425, "print('[INFO] displaying the predicted images...')"),
+    (426, "for ax, real, pred in zip(axes, testIm[:8], predIm[:8]):"),
+    (428, "ax[0].imshow(array_to_img(real), cmap='gray')"),
+    (429, "ax[0].set_title('Input Image')"),
+    (432, "ax[1].imshow(array_to_img(pred), cmap='gray')"),
+    (433, "ax[1].set_title('Predicted Image')"),
+    (437, "if not os.path.exists(config.BASE_IMG_PATH):"),
+    (438, "os.makedirs(config.BASE_IMG_PATH)"),
+    (441, "print('[INFO] saving the predicted images...')"),
+    (442, "fig.savefig(config.TPU_IMG_PATH)"),
+]
+# train_cpu.py and train_gpu.py: the listing with their own strategy lines
+# (the article prints no CPU or GPU listing) in place of lines 366-369
+OWN_STRATEGY = {
+    "train_tpu.py": None,
+    "train_gpu.py": ["strategy = tf.distribute.MirroredStrategy()"],
+    "train_cpu.py": ["strategy = tf.distribute.get_strategy()"],
+}
+
+
+def listing_of(script):
+    """The statements `script` is held to: the article's, its strategy lines its own."""
+    own = OWN_STRATEGY[script]
+    statements = [text for line, text in ARTICLE_LISTING if own is None or line not in
+                  (366, 367, 368, 369)]
+    if own is not None:
+        at = next(i for i, (line, _) in enumerate(ARTICLE_LISTING) if line == 366)
+        statements[at:at] = own
+    return statements
+
+
+def _marked_lines(source):
+    """The numbers of the lines whose comment starts with '# +': this repository's lines."""
+    marked = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT and token.string.startswith("# +"):
+            marked.add(token.start[0])
+    return marked
+
+
+def _header(node):
+    """A block's first line as ast.unparse writes it: `with strategy.scope():`."""
+    node = copy.copy(node)
+    node.body = [ast.Pass()]
+    if hasattr(node, "orelse"):
+        node.orelse = []
+    return ast.unparse(node).splitlines()[0]
+
+
+def _without_marked_arguments(node, marked):
+    """`node` with every argument that stands on marked lines only taken out."""
+    def on_marked(part):
+        return all(line in marked for line in range(part.lineno, part.end_lineno + 1))
+
+    node = copy.deepcopy(node)
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            call.args = [arg for arg in call.args if not on_marked(arg)]
+            call.keywords = [kw for kw in call.keywords if not on_marked(kw)]
+    return node
+
+
+def unmarked_statements(source):
+    """What a reader who skips the '# +' lines reads: the statements left, in order.
+
+    A statement whose first line is marked is left out, and so is every
+    argument of a call that stands on marked lines only. A block whose
+    header is marked (`def main(...):  # +`, `if args.rehearse:  # +`) is
+    left out, not what it holds: its unmarked statements count. The module's
+    docstring is not a statement of the listing.
+    """
+    marked = _marked_lines(source)
+    statements = []
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # a docstring
+            blocks = [getattr(node, name, []) for name in ("body", "orelse", "finalbody")]
+            if any(isinstance(block, list) and block and isinstance(block[0], ast.AST)
+                   for block in blocks):
+                if node.lineno not in marked:
+                    statements.append(_header(node))
+                for block in blocks:
+                    walk(block)
+            elif node.lineno not in marked:
+                statements.append(ast.unparse(_without_marked_arguments(node, marked)))
+
+    walk(ast.parse(source).body)
+    return statements
+
+
+def _normal(code):
+    """One statement (or a block's header) as ast.unparse writes it."""
+    code = code.strip()
+    if code.endswith(":"):
+        return _header(ast.parse(code + "\n    pass").body[0])
+    return ast.unparse(ast.parse(code).body[0])
+
+
+SCRIPT_NAME = re.compile(r"train_(?:cpu|gpu|tpu)\.py")
+
+
+def departures_table(readme):
+    """The README's departures table, a row a Departure.
+
+    A row whose reason opens with scripts (`train_cpu.py` and `train_gpu.py`: ...)
+    is theirs alone; a statement of the scripts' column followed by scripts in
+    brackets (`...` (train_tpu.py)) is theirs alone.
+    """
+    section = readme.split("### Departures from the listing", 1)[1].split("\n#", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0] or set(cells[0]) <= set("-: "):
+            continue
+        article = [_normal(code) for code in re.findall(r"`([^`]+)`", cells[0])]
+        ours = [(_normal(code), set(SCRIPT_NAME.findall(after)) or None) for code, after in
+                re.findall(r"`([^`]+)`((?:\s*\([^)`]*\))?)", cells[1])]
+        opening = re.match(r"((?:`?train_\w+\.py`?(?:,| and|\s)*)+):", cells[2])
+        scripts = set(SCRIPT_NAME.findall(opening[1])) if opening else None
+        rows.append(Departure(article, ours, cells[2], scripts))
+    return rows[1:]  # the header row names the columns
+
+
+@dataclasses.dataclass
+class Departure:
+    """A row of the README's departures table."""
+
+    article: list      # the listing's statements it leaves out
+    ours: list         # (statement, the scripts it is for, None: all) it puts in
+    why: str
+    scripts: set | None  # the scripts the row is for; None: all
+
+    def named(self, script):
+        """What this row lets `script` leave out and put in."""
+        if self.scripts is not None and script not in self.scripts:
+            return [], []
+        return self.article, [code for code, only in self.ours if only is None or script in only]
+
+
+def departures(listing, statements):
+    """What `statements` leave out of `listing` and what they add, aligned in order."""
+    matcher = difflib.SequenceMatcher(None, listing, statements, autojunk=False)
+    left_out, added = [], []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            left_out += listing[i1:i2]
+            added += statements[j1:j2]
+    return left_out, added
+
+
+def _unexplained(script, source, rows):
+    """The departures of `source` from `script`'s listing that no row of the table names."""
+    left_out, added = departures(listing_of(script), unmarked_statements(source))
+    named_left = {code for row in rows for code in row.named(script)[0]}
+    named_added = {code for row in rows for code in row.named(script)[1]}
+    return ([code for code in left_out if code not in named_left],
+            [code for code in added if code not in named_added])
+
+
+@pytest.mark.parametrize("script", sorted(OWN_STRATEGY))
+def test_skipping_the_marked_lines_leaves_the_listing_or_a_departure_the_readme_names(script):
+    rows = departures_table((REPO / "README.md").read_text())
+    assert rows, "the README has no departures table"
+    assert all(row.why for row in rows)
+    left_out, added = _unexplained(script, (REPO / script).read_text(), rows)
+    assert left_out == [], f"{script} leaves out the listing's {left_out}: no departure says why"
+    assert added == [], f"{script} adds, unmarked, {added}: no departure says why"
+
+
+def test_every_departure_in_the_readme_is_one_a_script_makes():
+    rows = departures_table((REPO / "README.md").read_text())
+    made = {script: departures(listing_of(script),
+                               unmarked_statements((REPO / script).read_text()))
+            for script in OWN_STRATEGY}
+    stale = [row.article + row.ours for row in rows if not any(
+        set(row.named(script)[0]) & set(left_out) or set(row.named(script)[1]) & set(added)
+        for script, (left_out, added) in made.items())]
+    assert stale == []
+
+
+@pytest.mark.parametrize("change", [
+    ("epochs=config.EPOCHS,", "epochs=3,"),                       # an argument
+    ("batchSize=config.TPU_BATCH_SIZE,", "batchSize=512,"),       # the first get_data
+    # another script's departure is not this one's
+    ("batchSize=config.TPU_BATCH_SIZE,", "batchSize=config.BATCH_SIZE * numAcc,"),
+    ("steps_per_epoch=config.TPU_STEPS_PER_EPOCH,", "steps_per_epoch=config.STEPS_PER_EPOCH,"),
+    ("mseLoss = MSELoss(scale=numAcc)", "mseLoss = MSELoss(scale=2)"),
+    ('ax[1].set_title("Predicted Image")', 'ax[1].set_title("Output")'),
+    ("    numAcc = strategy.num_replicas_in_sync\n", ""),         # a line gone
+    ("plan=plan)  # +", "plan=plan, shuffleSize=7)  # +"),  # marked, but on a marked line only
+])
+def test_a_changed_unmarked_line_fails_the_comparison(change):
+    old, new = change
+    source = (REPO / "train_tpu.py").read_text()
+    assert old in source
+    rows = departures_table((REPO / "README.md").read_text())
+    changed = source.replace(old, new, 1)
+    unexplained = _unexplained("train_tpu.py", changed, rows)
+    if new.endswith("# +"):  # an argument on a marked line is the repository's
+        assert unexplained == ([], [])
+    else:
+        assert unexplained != ([], []), change
+
+
+@pytest.mark.parametrize("label, says", [
+    ("sample", "digits 0-7 of the 5,000-digit sample, not MNIST"),
+    ("tfrecord (sample)", "digits 0-7 of the 5,000-digit sample, not MNIST"),
+    ("stand-in", "images of a stand-in, not MNIST"),
+    ("tfds", "digits 0-7 of MNIST (tfds)"),
+])
+def test_the_figure_names_its_run_and_whose_digits_it_shows(label, says):
+    import types
+
+    from pyimagesearch.outputs import figure_title
+
+    plan = types.SimpleNamespace(name="tpu_rehearsal", global_batch_size=1024,
+                                 steps_per_epoch=58, learning_rate=0.001,
+                                 source=types.SimpleNamespace(label=label))
+    title = figure_title(plan, {"val_loss": [0.5, 0.00721]}).splitlines()
+    assert title == ["tpu_rehearsal: val_loss 0.0072", "batch 1024, 58 steps/epoch, lr 0.001",
+                     says]

@@ -157,15 +157,24 @@ class RunPlan:
                     "acts" if self.preemption_handler else
                     "does nothing (Google Cloud CPU or TPU VM)")}
 
-    def optimizer(self):
-        """A fresh Keras optimizer of the flags; create it inside the strategy's scope.
+    def optimizer_config(self):
+        """The optimizer of the flags as a Keras config, which compile(optimizer=...) takes.
 
-        Under mixed_float16 it is wrapped in a LossScaleOptimizer (precision.py).
+        {"class_name": "adam", "config": {"learning_rate": 0.001}}: the name
+        and the learning rate after --lr-scaling; under mixed_float16 wrapped
+        in the LossScaleOptimizer of precision.py.
         """
-        from pyimagesearch.training.precision import with_loss_scaling
-
-        return with_loss_scaling(make_optimizer(self.settings.optimizer, self.learning_rate),
-                                 self.settings.precision)
+        if self.settings.optimizer not in ("adam", "sgd"):
+            raise UserError(f"unknown optimizer {self.settings.optimizer!r}; choose adam or sgd")
+        optimizer = {"class_name": self.settings.optimizer,
+                     "config": {"learning_rate": self.learning_rate}}
+        if self.settings.precision == "mixed_float16":
+            inner = {"module": "keras.optimizers", "registered_name": None,
+                     "class_name": {"adam": "Adam", "sgd": "SGD"}[self.settings.optimizer],
+                     "config": optimizer["config"]}
+            return {"class_name": "pyimagesearch>ReplicasAgreeLossScaleOptimizer",
+                    "config": {"inner_optimizer": inner}}
+        return optimizer
 
 
 def make_optimizer(name, learning_rate):
