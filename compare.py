@@ -225,18 +225,17 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def run_label(record):
-    """What a run is, in short lines for the figure: device, batch and steps, learning rate."""
-    device = record["device"].upper() + (" rehearsal" if record.get("rehearsal") else "")
-    if record.get("workers", 1) > 1:
-        device += f", {record['workers']} workers"
+def run_label(name, record):
+    """What a run is, in short lines for the figure: its name (which says the device), a
+    cluster's workers, batch and steps, learning rate, final val_loss."""
+    workers = record.get("workers", 1)
     rate = record.get("learning_rate")
     scaling = record.get("learning_rate_scaling", "none")
-    lines = [device, f"batch {record['global_batch_size']:,}",
-             f"{record['steps_per_epoch']} steps"]
+    lines = wrapped(name) + ([f"{workers} workers"] if workers > 1 else []) + [
+        f"batch {record['global_batch_size']:,}", f"{record['steps_per_epoch']} steps"]
     if rate is not None:
         lines.append(f"lr {rate:.2g}" + (f" ({scaling})" if scaling != "none" else ""))
-    return lines
+    return lines + [f"val_loss {record['val_loss'][-1]:.4f}"]
 
 
 def wrapped(name, width=18):
@@ -330,9 +329,8 @@ def comparison_figure(runs, source):
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
             axis.set_axis_off()
             if row == 0:
-                lines = wrapped(name) + run_label(records[name])[1:] + [
-                    f"val_loss {records[name]['val_loss'][-1]:.4f}"]
-                axis.set_title("\n".join(lines), fontsize=LABEL_POINTS)
+                axis.set_title("\n".join(run_label(name, records[name])),
+                               fontsize=LABEL_POINTS)
     # what these runs compare on is how their validation loss falls: their
     # seconds are those of whatever ran them (rehearsals: one shared CPU)
     curves = figure.add_subplot(grid[:, columns:])
