@@ -335,7 +335,9 @@ def written_by(run, folder):
             except (OSError, ValueError):
                 continue
             command = record.get("command") if isinstance(record, dict) else None
-            if isinstance(command, list) and command[:len(run.argv)] == list(run.argv):
+            command = command if isinstance(command, list) else None
+            # train() appends --output-dir FOLDER to the run's own flags
+            if command and command[:len(run.argv) + 2] == [*run.argv, "--output-dir", folder]:
                 found.append((str(record.get("started_at", "")), name[:-5], record))
     if not found:
         raise NotebookStop(f"{run.name} left no run record in {folder}")
