@@ -4,23 +4,30 @@
     python compare.py                      # reads outputs/*.json
     python compare.py outputs outputs/quoted/large_batch/*/ --output-dir /tmp/cmp
 
-Reads every run record (cpu.json, gpu.json, tpu.json, *_rehearsal.json) in
-the folders given (default: outputs), prints Table 1 as Markdown and writes
-it to comparison.md in --output-dir (default: the first folder), and
-draws comparison.png: the same 8 validation digits reconstructed by every
-model found beside its record, with a bar chart of seconds per epoch. Rows
-are named by their file (cpu, tpu_rehearsal); where two folders hold runs of
-the same name, by folder and file (fixed_steps/tpu_rehearsal). The figure
-labels each run by what it is (device, batch, steps, learning rate). The first
-epoch is reported apart from the rest, since it includes tracing (and on a
-TPU, compilation). Epoch seconds include the validation pass; ms/step and
-images/s count the training steps alone. A file that is not a run record is
-named and skipped.
+Reads every run record (cpu.json, tpu_rehearsal.json, tpu_lr-scaling-sqrt.json:
+a run's name says its device, the flags that set it apart and, for a CPU on
+a GPU or TPU runtime, that runtime) in the folders given (default: outputs),
+prints Table 1 as Markdown and writes it to comparison.md in --output-dir
+(default: the first folder). Rows are named by their file; where two
+folders hold runs of the same name, by folder and file
+(fixed_steps/tpu_rehearsal). Each row says what trained (device), where
+(runtime), for how many epochs and with which flags. The first epoch is
+reported apart from the rest, since it includes tracing (and on a TPU,
+compilation); a run of one epoch has no later epochs, and no ms/step or
+images/s, which are theirs. Epoch seconds include the validation pass;
+ms/step and images/s count the training steps alone. A file that is not a
+run record is named and skipped.
+
+comparison.png shows the same 8 validation digits reconstructed by at most
+6 runs, with their validation loss per epoch: the runs named by --figure,
+else the 6 that started last, and one line names those left out. Only their
+models are loaded, so a folder of hundreds of runs compares in seconds.
 """
 import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -32,19 +39,26 @@ FIGURE_DPI = 100
 
 REQUIRED = ("device", "replicas", "global_batch_size", "steps_per_epoch",
             "epoch_seconds", "loss", "val_loss", "data_source")
-COLUMNS = ("run", "replicas", "global batch", "steps/epoch", "epoch 1 (s, with val.)",
-           "later epochs (s, with val.)", "ms/step (training)", "images/s (training)",
-           "loss", "val_loss", "data", "rehearsal")
+FIGURE_RUNS = 6  # columns of reconstructions: beyond this the figure's digits get too small
+
+COLUMNS = ("run", "device", "runtime", "epochs", "flags", "replicas", "global batch",
+           "steps/epoch", "epoch 1 (s, with val.)", "later epochs (s, with val.)",
+           "ms/step (training)", "images/s (training)", "loss", "val_loss", "data", "rehearsal")
+# flags of a record's command that name places and schedules, not the run (records
+# written before the scripts recorded their "flags" have only the command)
+NOT_THE_RUN = {"--output-dir", "--data-dir", "--logdir", "--backup-dir", "--backup-every",
+               "--profile-steps", "--rehearse", "--tpu", "--startup-timeout"}
 # The article prints no table of figures: its Table 1 rows are rebuilt here from
 # its three training logs (Colab CPU, a Tesla T4, 8 TPU cores), per epoch as the
 # logs print them, in whole seconds and ms, by the rule used for our rows.
-ARTICLE_LOGS = {  # name: (replicas, global batch, steps, seconds, ms/step, loss, val_loss)
-    "article: CPU": (1, 128, 468, [65, 57, 56, 57, 57], [133, 122, 120, 122, 121],
-                     "0.0015", "0.0014"),
-    "article: GPU (Tesla T4)": (1, 128, 468, [24, 4, 4, 4, 4], [15, 8, 8, 8, 8],
-                                "0.0015", "0.0015"),
-    "article: TPU (8 cores)": (8, 1024, 58, [8, 2, 2, 2, 2], [60, 31, 30, 27, 27],
-                               "0.0087", "0.0072"),
+ARTICLE_LOGS = {  # name: (device, runtime, replicas, global batch, steps, seconds, ms/step,
+    #                     loss, val_loss)
+    "article: CPU": ("CPU", "Colab", 1, 128, 468, [65, 57, 56, 57, 57],
+                     [133, 122, 120, 122, 121], "0.0015", "0.0014"),
+    "article: GPU (Tesla T4)": ("Tesla T4", "not stated", 1, 128, 468, [24, 4, 4, 4, 4],
+                                [15, 8, 8, 8, 8], "0.0015", "0.0015"),
+    "article: TPU (8 cores)": ("TPU, 8 cores", "not stated", 8, 1024, 58, [8, 2, 2, 2, 2],
+                               [60, 31, 30, 27, 27], "0.0087", "0.0072"),
 }
 
 
@@ -112,14 +126,22 @@ def record_problem(record):
     rate = record.get("learning_rate", 1.0)
     if rate is not None and not (_number(rate) and math.isfinite(rate)):
         return f"{wrong} (learning_rate is {rate!r}, not a finite number)"
-    if not isinstance(record.get("machine", {}), dict):
-        return f"{wrong} (machine is {record['machine']!r}, not an object)"
+    for key in ("machine", "runtime"):
+        if not isinstance(record.get(key, {}), dict):
+            return f"{wrong} ({key} is {record[key]!r}, not an object)"
+    for key in ("flags", "command"):
+        if not isinstance(record.get(key, []), list):
+            return f"{wrong} ({key} is {record[key]!r}, not a list)"
     return None
 
 
 def later_mean(values):
-    """Mean over the epochs after the first (the first alone if there is one)."""
-    return statistics.mean(values[1:] or values)
+    """Mean over the epochs after the first; None for a run of one epoch."""
+    return statistics.mean(values[1:]) if len(values) > 1 else None
+
+
+def _rounded(value, digits=None):
+    return None if value is None else round(value, digits)
 
 
 def article_rows():
@@ -128,53 +150,124 @@ def article_rows():
     Its logs print whole seconds and ms, so the means are rounded to whole
     numbers too; they give no images/s.
     """
-    return [(name, replicas, batch, steps, seconds[0], round(later_mean(seconds)),
-             round(later_mean(ms_per_step)), None, loss, val_loss, "MNIST", "no")
-            for name, (replicas, batch, steps, seconds, ms_per_step, loss, val_loss)
-            in ARTICLE_LOGS.items()]
+    return [(name, device, runtime, len(seconds), "", replicas, batch, steps, seconds[0],
+             round(later_mean(seconds)), round(later_mean(ms_per_step)), None, loss, val_loss,
+             "MNIST", "no")
+            for name, (device, runtime, replicas, batch, steps, seconds, ms_per_step, loss,
+                       val_loss) in ARTICLE_LOGS.items()]
+
+
+def run_device(record):
+    """What trained: 'CPU: Intel Xeon (2 CPUs)', '8 logical devices on CPU: ...', 'Tesla T4 x 2'."""
+    machine = record.get("machine") or {}
+    model = " ".join(str(machine.get("cpu_model", "")).replace("(R)", "").replace(
+        "(TM)", "").split()) or "not recorded"
+    cpus = machine.get("cpu_count")
+    cpu = f"{model} ({cpus} CPUs)" if cpus else model
+    replicas, device = record["replicas"], record["device"]
+    found = (record.get("runtime") or {}).get("devices")
+    if device == "cpu":
+        text = f"CPU: {cpu}"
+    elif record.get("rehearsal"):
+        text = f"{replicas // record.get('workers', 1)} logical devices on CPU: {cpu}"
+    elif device == "gpu":
+        text = f"{found or 'GPU'} x {replicas // record.get('workers', 1)}"
+    else:
+        text = f"{found or 'TPU'}, {replicas} cores"
+    if record.get("workers", 1) > 1:
+        text += f"; {record['workers']} workers"
+    return text
+
+
+def run_runtime(record):
+    """Where the run ran: 'Colab, 1 GPU', 'this machine, no GPU or TPU'."""
+    runtime = record.get("runtime")
+    return runtime.get("description") if isinstance(runtime, dict) else "not recorded"
+
+
+def run_flags(record):
+    """The flags that set the run apart: its record's, else its command's but for folders."""
+    if isinstance(record.get("flags"), list):
+        return " ".join(map(str, record["flags"]))
+    command, kept = list(record.get("command") or [])[1:], []
+    while command:
+        word = str(command.pop(0))
+        if word.split("=", 1)[0] in NOT_THE_RUN:
+            if "=" not in word and command:
+                command.pop(0)
+        else:
+            kept.append(word)
+    return " ".join(kept)
 
 
 def table_row(stem, record):
-    """One row of Table 1 from a run record."""
+    """One row of Table 1 from a run record; the later epochs' cells empty after one epoch."""
     seconds = record["epoch_seconds"]
     train = later_mean(record.get("train_seconds") or seconds)
     steps = record["steps_per_epoch"]
-    ms_per_step = 1000 * train / steps
-    images = steps * record["global_batch_size"] / train
-    return (stem, record["replicas"], record["global_batch_size"], steps,
-            round(seconds[0], 1), round(later_mean(seconds), 1), round(ms_per_step, 1),
-            round(images), f"{record['loss'][-1]:.4f}", f"{record['val_loss'][-1]:.4f}",
+    ms_per_step = None if train is None else 1000 * train / steps
+    images = None if train is None else steps * record["global_batch_size"] / train
+    return (stem, run_device(record), run_runtime(record), len(record["val_loss"]),
+            run_flags(record), record["replicas"], record["global_batch_size"], steps,
+            round(seconds[0], 1), _rounded(later_mean(seconds), 1), _rounded(ms_per_step, 1),
+            _rounded(images), f"{record['loss'][-1]:.4f}", f"{record['val_loss'][-1]:.4f}",
             record["data_source"], "yes" if record.get("rehearsal") else "no")
 
 
 def markdown_table(rows):
     """A Markdown table of `rows` under COLUMNS."""
     def cell(value):
-        return "" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+        text = "" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+        return text.replace("|", "\\|")  # a | of a hand-edited record would split the row
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def run_label(record):
-    """What a run is, in short lines for the figure: device, batch and steps, learning rate."""
-    device = record["device"].upper() + (" rehearsal" if record.get("rehearsal") else "")
-    if record.get("workers", 1) > 1:
-        device += f", {record['workers']} workers"
+def run_label(name, record):
+    """What a run is, in short lines for the figure: its name (which says the device), a
+    cluster's workers, batch and steps, learning rate, final val_loss."""
+    workers = record.get("workers", 1)
     rate = record.get("learning_rate")
     scaling = record.get("learning_rate_scaling", "none")
-    lines = [device, f"batch {record['global_batch_size']:,}",
-             f"{record['steps_per_epoch']} steps"]
+    lines = wrapped(name) + ([f"{workers} workers"] if workers > 1 else []) + [
+        f"batch {record['global_batch_size']:,}", f"{record['steps_per_epoch']} steps"]
     if rate is not None:
         lines.append(f"lr {rate:.2g}" + (f" ({scaling})" if scaling != "none" else ""))
+    return lines + [f"val_loss {record['val_loss'][-1]:.4f}"]
+
+
+def wrapped(name, width=18):
+    """A run's name in lines of about `width` characters, broken after its `_` and `/`."""
+    lines = [""]
+    for part in re.findall(r"[^_/]+[_/]?|[_/]", name):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
     return lines
 
 
-def _legend_label(record):
-    """run_label on two lines: the device, then batch, steps and learning rate."""
-    first, *rest = run_label(record)
-    return f"{first}\n{', '.join(rest)}"
+def shown_runs(runs, named=None, limit=FIGURE_RUNS):
+    """The runs the figure shows: those `named`, else the `limit` latest; and those left out.
+
+    Latest by the time the run started (its record's started_at), so a
+    session's new runs are drawn; Table 1 lists every run either way.
+    """
+    if named:
+        unknown = [name for name in named if name not in runs]
+        if unknown:
+            raise UserError(f"--figure names no run called {', '.join(unknown)}; Table 1's "
+                            f"runs are {', '.join(runs)}")
+        chosen = list(dict.fromkeys(named))
+        if len(chosen) > limit:
+            raise UserError(f"--figure names {len(chosen)} runs; the figure shows at most "
+                            f"{limit}, so name fewer (Table 1 lists them all)")
+    else:
+        latest = sorted(runs, key=lambda name: str(runs[name][2].get("started_at", "")),
+                        reverse=True)
+        chosen = [name for name in runs if name in latest[:limit]]  # in Table 1's order
+    return chosen, [name for name in runs if name not in chosen]
 
 
 def comparison_figure(runs, source):
@@ -236,15 +329,15 @@ def comparison_figure(runs, source):
             axis.imshow(prediction.squeeze(-1), cmap="gray", vmin=0, vmax=1)
             axis.set_axis_off()
             if row == 0:
-                lines = run_label(records[name]) + [
-                    f"val_loss {records[name]['val_loss'][-1]:.4f}"]
-                axis.set_title("\n".join(lines), fontsize=LABEL_POINTS)
+                axis.set_title("\n".join(run_label(name, records[name])),
+                               fontsize=LABEL_POINTS)
     # what these runs compare on is how their validation loss falls: their
     # seconds are those of whatever ran them (rehearsals: one shared CPU)
     curves = figure.add_subplot(grid[:, columns:])
     for stem, record in records.items():
         epochs = range(1, len(record["val_loss"]) + 1)
-        curves.plot(epochs, record["val_loss"], marker="o", label=_legend_label(record))
+        curves.plot(epochs, record["val_loss"], marker="o",
+                    label="\n".join(wrapped(stem)))
     curves.set_yscale("log")
     plain = FuncFormatter(lambda value, _: f"{value:.4g}")  # 0.0013, not 1.3 x 10^-3
     curves.yaxis.set_major_formatter(plain)
@@ -290,6 +383,9 @@ def main(argv=None):
                              "$TFDS_DATA_DIR (default %(default)s: works offline)")
     parser.add_argument("--with-article", action="store_true",
                         help="append the article's own figures, labelled, to the table")
+    parser.add_argument("--figure", nargs="+", default=None, metavar="RUN",
+                        help=f"the runs the figure shows, by their names in Table 1 (at most "
+                             f"{FIGURE_RUNS}; default: the {FIGURE_RUNS} that started last)")
     args = parser.parse_args(argv)
     for folder in args.folders:
         if not os.path.isdir(folder):
@@ -316,7 +412,11 @@ def main(argv=None):
     with StagedOutputs(output_dir) as staged:
         with open(staged.path("comparison.md"), "w") as handle:
             handle.write(table + "\n")
-        figure = comparison_figure(runs, args.digits_from)
+        shown, left_out = shown_runs(runs, args.figure)
+        if left_out:
+            print(f"[INFO] the figure shows {len(shown)} of the {len(runs)} runs; left out: "
+                  f"{', '.join(left_out)} (--figure RUN ... picks others)")
+        figure = comparison_figure({name: runs[name] for name in shown}, args.digits_from)
         figure.savefig(staged.path("comparison.png"), format="png", dpi=FIGURE_DPI)
     print(f"[INFO] wrote {os.path.join(output_dir, 'comparison.md')} and comparison.png")
 

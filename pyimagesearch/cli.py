@@ -195,8 +195,9 @@ def build_parser(device, description):
                                  "; a TPU runs a whole epoch per call, so it backs up "
                                  "at epoch ends only" if on_tpu else ""))
     parser.add_argument("--logdir", default=None, metavar="DIR",
-                        help="write TensorBoard logs into DIR/<run name>, e.g. "
-                             "logs/cpu: `tensorboard --logdir DIR` compares the runs")
+                        help="write TensorBoard logs into DIR/<run name>/<start time>, "
+                             "e.g. logs/cpu/20261203-120000: `tensorboard --logdir DIR` "
+                             "compares the runs")
     parser.add_argument("--profile-steps", type=step_range, default=None, metavar="A,B",
                         help="capture a profiler trace of training steps A to B into "
                              "the log dir (--logdir, else logs)" + (

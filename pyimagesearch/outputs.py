@@ -17,9 +17,11 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered for load_model)
+from pyimagesearch.platforms.host import detect
 from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
 from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.training.files import join, scratch_folder, write_json
+from pyimagesearch.training.plan import flags_apart
 from pyimagesearch.training.publish import StagedOutputs, published
 
 def load_model(path):
@@ -132,6 +134,8 @@ def run_record(plan, run, trained):
         "loss": [float(v) for v in history["loss"]],
         "val_loss": [float(v) for v in history["val_loss"]],
         "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
+        "flags": flags_apart(plan.device, settings),  # those in the name: off the defaults
+        "runtime": runtime_info(plan),
         "machine": machine_info(),
         "started_at": run.started.isoformat(timespec="seconds"),
     }
@@ -151,6 +155,20 @@ def figure_title(plan, record):
     return (f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}\n"
             f"batch {plan.global_batch_size}, {plan.steps_per_epoch} steps/epoch, "
             f"lr {plan.learning_rate:g}\n{digits}")
+
+
+def runtime_info(plan):
+    """Where the run ran: the notebook service and its accelerator, and the devices trained on."""
+    host = detect()
+    devices = None
+    if plan.device == "gpu" and not plan.rehearsal:
+        names = [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+                 for gpu in tf.config.list_physical_devices("GPU")]
+        devices = " + ".join(sorted(set(names))) or None
+    elif plan.device == "tpu" and not plan.rehearsal and host.tpu_generation:
+        devices = f"TPU {host.tpu_generation}"
+    return {"service": host.service, "accelerator": plan.runtime,
+            "description": host.describe(), "devices": devices}
 
 
 def machine_info():

@@ -42,13 +42,15 @@ def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, in_process, loop):
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     assert first.returncode == -signal.SIGKILL
-    assert not (tmp_path / "out" / "cpu.json").exists()  # the killed run wrote nothing
+    name = "cpu_epochs-4_batch-size-64_steps-per-epoch-60_data-source-sample" + (
+        "_loop-custom" if loop == "custom" else "")
+    assert not (tmp_path / "out" / f"{name}.json").exists()  # the killed run wrote nothing
 
     again = in_process("train_cpu.py", *args)  # the same command, after the crash
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     epochs = re.findall(r"^Epoch (\d)/4", again.stdout, flags=re.MULTILINE)
     assert epochs == ["3", "4"]  # epochs 1 and 2 were not trained again
-    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert record["resumed_from_epoch"] == 2 and len(record["epoch_seconds"]) == 2
     assert len(record["loss"]) == len(record["val_loss"]) == 4
     assert record["loss"] == sorted(record["loss"], reverse=True)  # falling, no restart
@@ -59,7 +61,8 @@ def test_a_backup_of_another_run_is_refused(tmp_path):
     backup = tmp_path / "backup"
     backup.mkdir()
     (backup / "run.json").write_text(json.dumps({
-        "run": "cpu", "model": "AutoEncoder", "global_batch_size": 64, "replicas": 1,
+        "run": "cpu_epochs-2_batch-size-32_steps-per-epoch-2_data-source-sample",
+        "model": "AutoEncoder", "global_batch_size": 64, "replicas": 1,
         "steps_per_epoch": 2, "loop": "fit", "optimizer": "adam", "data_source": "sample",
         "precision": "float32", "learning_rate": 0.001, "data_dir": None, "seed": 42,
         "jit_compile": False}))
@@ -76,6 +79,13 @@ def test_a_backup_of_another_run_is_refused(tmp_path):
         train_cpu.main(args)
 
 
+def _attempts(logs):
+    """logs/NAME/TIME: the attempt folders of the one run logged in `logs`, oldest first."""
+    runs = os.listdir(logs)
+    assert len(runs) == 1, runs
+    return sorted(logs / runs[0] / attempt for attempt in os.listdir(logs / runs[0]))
+
+
 def _logged(folder):
     """{tag: number of values} of the TensorBoard events in `folder`."""
     events = event_accumulator.EventAccumulator(
@@ -90,8 +100,8 @@ def test_tensorboard_logs_hold_one_value_per_epoch(tmp_path, loop):
     train_cpu.main(["--epochs", "3", "--steps-per-epoch", "3", "--batch-size", "32",
                     "--data-source", "sample", "--loop", loop, "--logdir",
                     str(tmp_path / "logs"), "--output-dir", str(tmp_path / "out")])
-    train = _logged(tmp_path / "logs" / "cpu" / "train")
-    validation = _logged(tmp_path / "logs" / "cpu" / "validation")
+    [attempt] = _attempts(tmp_path / "logs")
+    train, validation = _logged(attempt / "train"), _logged(attempt / "validation")
     assert train["epoch_loss"] == validation["epoch_loss"] == 3
     assert train["epoch_learning_rate"] == train["epoch_images_per_second"] == 3
     assert validation["reconstructions"] == 3
@@ -104,7 +114,7 @@ def test_profile_steps_leave_a_trace(tmp_path, loop):
                     "--data-source", "sample", "--loop", loop, "--profile-steps", "2,3",
                     "--logdir", str(tmp_path / "logs"), "--output-dir", str(tmp_path / "out")])
     traces = [os.path.join(folder, name)
-              for folder, _, names in os.walk(tmp_path / "logs" / "cpu")
+              for folder, _, names in os.walk(_attempts(tmp_path / "logs")[0])
               for name in names if name.endswith(".xplane.pb")]
     assert traces and os.path.getsize(traces[0]) > 0
 
@@ -143,19 +153,40 @@ def test_tensorboard_serves_the_logged_tags(tmp_path):
     finally:
         server.kill()
         server.wait()
-    assert "epoch_loss" in scalars["cpu/train"] and "epoch_loss" in scalars["cpu/validation"]
-    assert "reconstructions" in images["cpu/validation"]
+    run = "/".join(_attempts(tmp_path / "logs")[0].parts[-2:])  # NAME/TIME
+    assert "epoch_loss" in scalars[f"{run}/train"] and "epoch_loss" in scalars[f"{run}/validation"]
+    assert "reconstructions" in images[f"{run}/validation"]
 
 
-def test_tensorboard_counts_epochs_from_1_as_the_log_does(tmp_path):
-    train_cpu.main(["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
-                    "--data-source", "sample", "--logdir", str(tmp_path / "logs"),
-                    "--output-dir", str(tmp_path / "out")])
-    for folder, tags in (("train", ("epoch_loss", "epoch_images_per_second")),
-                         ("validation", ("epoch_loss", "reconstructions"))):
-        events = event_accumulator.EventAccumulator(
-            str(tmp_path / "logs" / "cpu" / folder),
-            size_guidance={event_accumulator.TENSORS: 0})
-        events.Reload()
-        for tag in tags:
-            assert [event.step for event in events.Tensors(tag)] == [1, 2]
+def test_tensorboard_counts_epochs_from_1_as_the_log_does_and_a_rerun_starts_afresh(tmp_path):
+    # logs/NAME, as docs/notebook.md says; a rerun of the same run gets a folder of its
+    # own beside the first, so its curves never double back over the earlier ones
+    flags = ["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
+             "--data-source", "sample", "--logdir", str(tmp_path / "logs"),
+             "--output-dir", str(tmp_path / "out")]
+    train_cpu.main(flags)
+    train_cpu.main(flags)
+    name = "cpu_epochs-2_batch-size-32_steps-per-epoch-2_data-source-sample"
+    assert os.listdir(tmp_path / "logs") == [name]
+    attempts = _attempts(tmp_path / "logs")
+    assert len(attempts) == 2
+    for attempt in attempts:
+        for folder, tags in (("train", ("epoch_loss", "epoch_images_per_second")),
+                             ("validation", ("epoch_loss", "reconstructions"))):
+            events = event_accumulator.EventAccumulator(
+                str(attempt / folder), size_guidance={event_accumulator.TENSORS: 0})
+            events.Reload()
+            for tag in tags:
+                assert [event.step for event in events.Tensors(tag)] == [1, 2]
+
+
+def test_a_second_attempt_within_the_same_second_gets_a_folder_of_its_own(tmp_path):
+    import datetime
+
+    from pyimagesearch.training.callbacks import attempt_logdir
+
+    now = datetime.datetime(2026, 12, 3, 12, 0, 0)
+    first = attempt_logdir(str(tmp_path), "cpu", now)
+    second = attempt_logdir(str(tmp_path), "cpu", now)
+    assert first.endswith("cpu/20261203-120000") and second.endswith("cpu/20261203-120000-2")
+    assert sorted(os.listdir(tmp_path / "cpu")) == ["20261203-120000", "20261203-120000-2"]

@@ -20,7 +20,8 @@ def test_compare_builds_table_and_figure(tiny_runs, tmp_path, capsys):
     assert len(rows) == 2
     assert "broken.json: not readable JSON" in err and "foreign.json: not a run record" in err
     assert (folder / "comparison.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| tpu_rehearsal | 2 | 64 | 2 |" in (folder / "comparison.md").read_text()
+    assert "| 2 | 64 | 2 |" in next(line for line in (folder / "comparison.md").read_text()
+                                    .splitlines() if line.startswith("| tpu_rehearsal"))
 
 
 def test_compare_row_separates_the_first_epoch():
@@ -29,8 +30,9 @@ def test_compare_row_separates_the_first_epoch():
               "train_seconds": [8.0, 1.0, 3.0], "loss": [0.5, 0.1], "val_loss": [0.4, 0.2],
               "data_source": "sample"}
     row = compare.table_row("cpu", record)
-    assert row[4:8] == (9.0, 3.0, 200.0, 500)  # epoch 1, later mean, ms/step, images/s
-    assert row[8:10] == ("0.1000", "0.2000")
+    assert row[8:12] == (9.0, 3.0, 200.0, 500)  # epoch 1, later mean, ms/step, images/s
+    assert row[12:14] == ("0.1000", "0.2000")
+    assert row[3] == 2  # epochs: those with a loss
 
 
 def test_compare_without_records_is_one_line(in_process, tmp_path):
@@ -101,3 +103,170 @@ def test_a_json_output_follows_a_link_and_refuses_a_pipe(tmp_path):
     with pytest.raises(UserError, match="it is a folder, not a file"):
         cli.check_output_file(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["link.json", "pipe.json", "records"]
+
+
+# --- runs that add up: sessions on several runtimes, flags, reruns ------------------------
+
+def _record(device, flags=(), runtime="cpu", rehearse=None, started="2026-12-03T12:00:00",
+            epochs=2):
+    """(name, run record) of a run of train_<device>.py FLAGS, as it would be written.
+
+    The name comes from the real flags and plan (training/plan.py); the numbers are made
+    up: nothing trains. `runtime` is what the machine has (a stand-in for a GPU or TPU
+    runtime's), `rehearse` the logical devices of --rehearse.
+    """
+    from pyimagesearch import cli
+    from pyimagesearch.training.plan import Settings, flags_apart, plan_run
+
+    args = cli.build_parser(device, "").parse_args(list(flags))
+    settings = Settings.from_args(args)
+    replicas = rehearse or (8 if device == "tpu" else 1)
+    plan = plan_run(device, settings, replicas, rehearsal=bool(rehearse), runtime=runtime)
+    describe = {"cpu": "Colab, no GPU or TPU", "gpu": "Colab, 1 GPU",
+                "tpu": "Colab, 1 TPU v5e chip"}[runtime]
+    loss = [0.01 / (epoch + 1) for epoch in range(epochs)]
+    return plan.name, {
+        "device": device, "name": plan.name, "rehearsal": bool(rehearse), "replicas": replicas,
+        "global_batch_size": plan.global_batch_size, "steps_per_epoch": plan.steps_per_epoch,
+        "epochs": settings.epochs, "learning_rate": plan.learning_rate,
+        "learning_rate_scaling": settings.lr_scaling, "epoch_seconds": [3.0] * epochs,
+        "train_seconds": [2.0] * epochs, "loss": loss, "val_loss": loss,
+        "data_source": "sample", "flags": flags_apart(device, settings),
+        "command": [f"train_{device}.py", *flags], "started_at": started,
+        "runtime": {"service": "colab", "accelerator": runtime, "description": describe,
+                    "devices": {"gpu": "Tesla T4", "tpu": "TPU v5e"}.get(device)},
+        "machine": {"cpu_model": "Intel(R) Xeon(R) CPU", "cpu_count": 2}}
+
+
+def _write(folder, name, record):
+    (folder / f"{name}.json").write_text(json.dumps(record))
+    return name
+
+
+def test_a_cpu_then_gpu_then_tpu_session_keeps_every_run_apart(tmp_path, capsys):
+    # the notebook's promise: switch the runtime, run all again, see every run in one place
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    sessions = [  # (runtime, script's device, flags, --rehearse): what each session ran
+        ("cpu", "cpu", (), None), ("cpu", "gpu", (), 2), ("cpu", "tpu", (), 8),
+        ("gpu", "gpu", (), None),
+        ("gpu", "cpu", (), None),                       # DEVICE="cpu" on a GPU runtime
+        ("tpu", "tpu", (), None),
+        ("tpu", "tpu", ("--lr-scaling", "sqrt"), None),  # the README's fix, tried...
+        ("tpu", "tpu", ("--lr-scaling", "linear"), None),  # ...and the other one
+        ("tpu", "tpu", ("--lr-scaling=sqrt",), None),    # the first, tried again
+        ("tpu", "tpu", (), None),                        # the default, run again
+    ]
+    names = []
+    for minute, (runtime, device, flags, rehearse) in enumerate(sessions):
+        name, record = _record(device, flags, runtime, rehearse,
+                               started=f"2026-12-03T12:{minute:02d}:00")
+        names.append(_write(folder, name, record))
+    assert names[:8] == ["cpu", "gpu_rehearsal", "tpu_rehearsal", "gpu", "cpu_gpu-runtime",
+                         "tpu", "tpu_lr-scaling-sqrt", "tpu_lr-scaling-linear"]
+    assert names[8:] == ["tpu_lr-scaling-sqrt", "tpu"]  # a rerun replaces itself only
+    assert sorted(path.stem for path in folder.glob("*.json")) == sorted(set(names))
+
+    compare.main([str(folder)])
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith(("| run |", "| --- |"))}
+    assert sorted(rows) == sorted(set(names))
+    column = {name: index for index, name in enumerate(compare.COLUMNS)}
+    cell = lambda run, name: rows[run][column[name]]  # noqa: E731
+    assert cell("cpu", "runtime") == "Colab, no GPU or TPU"
+    assert cell("cpu_gpu-runtime", "runtime") == "Colab, 1 GPU"
+    assert cell("cpu_gpu-runtime", "device") == cell("cpu", "device") == \
+        "CPU: Intel Xeon CPU (2 CPUs)"
+    assert cell("gpu", "device") == "Tesla T4 x 1"
+    assert cell("tpu", "device") == "TPU v5e, 8 cores"
+    assert cell("tpu_rehearsal", "device") == "8 logical devices on CPU: Intel Xeon CPU (2 CPUs)"
+    assert cell("tpu", "flags") == "" and cell("tpu_lr-scaling-sqrt", "flags") == \
+        "--lr-scaling sqrt"
+    assert cell("tpu_lr-scaling-linear", "flags") == "--lr-scaling linear"
+    assert {cell(run, "epochs") for run in rows} == {"2"}
+    # no two rows say the same about where and how they ran
+    told = [tuple(cell(run, c) for c in ("device", "runtime", "flags")) for run in rows]
+    assert len(set(told)) == len(told)
+
+
+def test_run_names_are_stable_safe_and_keep_the_articles_for_the_defaults():
+    from pyimagesearch.training.plan import Settings, run_name
+
+    assert run_name("cpu", Settings(), runtime="cpu") == "cpu"
+    assert run_name("tpu", Settings(batch_size=1024), True, "cpu") == "tpu_rehearsal"
+    assert run_name("gpu", Settings(), False, "gpu") == "gpu"
+    assert run_name("tpu", Settings(batch_size=1024), False, "tpu") == "tpu"
+    # the TPU's default batch is 1024: 128 is a flag of its own there
+    assert run_name("tpu", Settings(), False, "tpu") == "tpu_batch-size-128"
+    # learning rates that differ in the fourth digit are different runs
+    assert run_name("cpu", Settings(learning_rate=0.0011), runtime="cpu") != \
+        run_name("cpu", Settings(learning_rate=0.001100001), runtime="cpu")
+    many = Settings(epochs=1, batch_size=7, steps_per_epoch=3, data_source="tfrecord",
+                    seed=-5, optimizer="sgd", learning_rate=1e-05, lr_scaling="sqrt",
+                    loop="custom", precision="mixed_bfloat16", jit_compile=True,
+                    output_dir="/x y", logdir="/logs", backup_dir="/b")  # places: not named
+    name = run_name("gpu", many, True, "tpu")
+    assert name == ("gpu_rehearsal_epochs-1_batch-size-7_steps-per-epoch-3_data-source-"
+                    "tfrecord_seed--5_optimizer-sgd_learning-rate-1e-05_lr-scaling-sqrt_"
+                    "loop-custom_precision-mixed_bfloat16_jit-compile_tpu-runtime")
+    assert len(name + ".keras") < 255 and all(c.isalnum() or c in "._-" for c in name)
+
+
+def test_table1_leaves_later_epochs_empty_after_one_epoch():
+    _, record = _record("cpu", ("--epochs", "1"), epochs=1)
+    row = dict(zip(compare.COLUMNS, compare.table_row("cpu_epochs-1", record)))
+    assert row["epochs"] == 1 and row["epoch 1 (s, with val.)"] == 3.0
+    assert row["later epochs (s, with val.)"] is None
+    assert row["ms/step (training)"] is None and row["images/s (training)"] is None
+    assert "| 3.0 |  |  |  |" in compare.markdown_table([tuple(row.values())])
+
+
+def test_a_record_without_flags_shows_its_commands_flags_but_for_folders():
+    record = {"command": ["train_tpu.py", "--rehearse", "8", "--lr-scaling", "sqrt",
+                          "--output-dir", "out", "--logdir=logs", "--seed", "3"]}
+    assert compare.run_flags(record) == "--lr-scaling sqrt --seed 3"
+    assert compare.run_runtime(record) == "not recorded"
+
+
+def test_compare_at_200_runs_loads_only_the_figures_models_and_warns_nothing(
+        tiny_runs, tmp_path, capsys, monkeypatch):
+    # a notebook that keeps its runs gathers many: the figure draws the latest few,
+    # whose models alone are loaded; tools/benchmark_compare.py times the whole
+    import warnings
+
+    from pyimagesearch import outputs
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    cpu = next(tiny_runs.glob("cpu*.json")).with_suffix("")  # its name says its flags
+    template = json.loads(cpu.with_suffix(".json").read_text())
+    for index in range(200):
+        name = f"cpu_seed-{index}"
+        _write(folder, name, {**template, "name": name, "flags": ["--seed", str(index)],
+                              "started_at": f"2026-12-03T{index // 60:02d}:{index % 60:02d}:00"})
+        os.link(cpu.with_suffix(".keras"), folder / f"{name}.keras")
+    loaded = []
+    real_load = outputs.load_model
+    monkeypatch.setattr(outputs, "load_model", lambda path: loaded.append(path) or real_load(path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compare.main([str(folder)])
+    out, err = capsys.readouterr()
+    latest = [f"cpu_seed-{index}" for index in range(194, 200)]
+    assert sorted(os.path.basename(path)[:-len(".keras")] for path in loaded) == latest
+    assert len([line for line in out.splitlines() if line.startswith("| cpu_seed-")]) == 200
+    left_out = [line for line in out.splitlines() if "left out:" in line]
+    assert len(left_out) == 1 and "6 of the 200 runs" in left_out[0]
+    assert "cpu_seed-0, " in left_out[0] and "cpu_seed-199" not in left_out[0]
+    assert [str(w.message) for w in caught if "matplotlib" in w.filename
+            or "layout" in str(w.message)] == []
+    assert "constrained_layout" not in err
+
+    # the runs named on the command line instead; a name not in Table 1 is one line
+    loaded.clear()
+    compare.main([str(folder), "--figure", "cpu_seed-3", "cpu_seed-150"])
+    assert sorted(os.path.basename(path) for path in loaded) == ["cpu_seed-150.keras",
+                                                                 "cpu_seed-3.keras"]
+    with pytest.raises(compare.UserError, match="--figure names no run called cpu_seed-999"):
+        compare.main([str(folder), "--figure", "cpu_seed-999"])

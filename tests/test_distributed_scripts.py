@@ -29,14 +29,19 @@ def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
     train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path)])
     train_gpu.main(ONE_SGD_STEP + ["--batch-size", "128", "--rehearse", "2",
                                    "--output-dir", str(tmp_path)])
-    record = json.loads((tmp_path / "gpu_rehearsal.json").read_text())
+    # a run's name says its flags off the defaults (128 is train_gpu.py's batch)
+    cpu = "cpu_epochs-1_batch-size-256_steps-per-epoch-1_data-source-sample_optimizer-sgd_" \
+        "learning-rate-0.5"
+    gpu = "gpu_rehearsal_epochs-1_steps-per-epoch-1_data-source-sample_optimizer-sgd_" \
+        "learning-rate-0.5"
+    record = json.loads((tmp_path / f"{gpu}.json").read_text())
     assert (record["replicas"], record["global_batch_size"]) == (2, 256)
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     assert record["rehearsal"] is True and record["strategy"] == "MirroredStrategy"
-    cpu, gpu = _weights(tmp_path / "cpu.keras"), _weights(tmp_path / "gpu_rehearsal.keras")
+    cpu, gpu = _weights(tmp_path / f"{cpu}.keras"), _weights(tmp_path / f"{gpu}.keras")
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert not (tmp_path / "gpu.png").exists()  # a rehearsal is never named gpu.*
+    assert not list(tmp_path.glob("gpu[._][!r]*"))  # a rehearsal is never named gpu.*
 
 
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
@@ -46,12 +51,14 @@ def test_rehearsed_tpu_run_uses_the_tpu_configuration(tmp_path, loop):
     train_tpu.main(["--rehearse", "4", "--batch-size", "64", "--steps-per-epoch", "2",
                     "--epochs", "1", "--data-source", "sample", "--loop", loop,
                     "--output-dir", str(tmp_path)])
-    record = json.loads((tmp_path / "tpu_rehearsal.json").read_text())
+    name = "tpu_rehearsal_epochs-1_batch-size-64_steps-per-epoch-2_data-source-sample" + (
+        "_loop-custom" if loop == "custom" else "")
+    record = json.loads((tmp_path / f"{name}.json").read_text())
     assert record["replicas"] == 4 and record["global_batch_size"] == 64
     assert record["per_replica_batch_size"] == 16 and record["validation_steps"] == 500 // 64
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     assert record["loop"] == loop and record["device"] == "tpu"
-    assert (tmp_path / "tpu_rehearsal.png").exists() and not (tmp_path / "tpu.png").exists()
+    assert (tmp_path / f"{name}.png").exists() and not list(tmp_path.glob("tpu[._][!r]*"))
 
 
 def test_tpu_defaults_are_the_articles():
@@ -150,14 +157,16 @@ def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
     train_gpu.main(["--rehearse", "3", "--batch-size", "166", "--epochs", "1",
                     "--steps-per-epoch", "2", "--data-source", "sample", "--loop", loop,
                     "--output-dir", str(tmp_path)])
-    record = json.loads((tmp_path / "gpu_rehearsal.json").read_text())
+    name = "gpu_rehearsal_epochs-1_batch-size-166_steps-per-epoch-2_data-source-sample" + (
+        "_loop-custom" if loop == "custom" else "")
+    record = json.loads((tmp_path / f"{name}.json").read_text())
     assert (record["replicas"], record["global_batch_size"]) == (3, 498)
     assert (record["validation_images"], record["validation_split_images"]) == (498, 500)
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     # val_loss is the mean squared error over exactly the first 498 digits
     digits = SampleSource().images(config.VALIDATION_FLAG)[:498]
     digits = digits.astype("float32") / 255.0
-    model = keras.saving.load_model(tmp_path / "gpu_rehearsal.keras")
+    model = keras.saving.load_model(tmp_path / f"{name}.keras")
     expected = float(np.mean((model.predict(digits, verbose=0) - digits) ** 2))
     assert record["val_loss"][-1] == pytest.approx(expected, rel=1e-4)
 
@@ -175,10 +184,11 @@ def test_config_edits_change_the_tpu_run(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "TPU_VALIDATION_STEPS", 3)
     monkeypatch.setattr(config, "TPU_IMG_PATH", str(tmp_path / "figures" / "my_tpu.png"))
     train_tpu.main(["--rehearse", "4", "--epochs", "1", "--data-source", "sample"])
-    record = json.loads((tmp_path / "figures" / "my_tpu_rehearsal.json").read_text())
+    name = "my_tpu_rehearsal_epochs-1_data-source-sample"  # 64: the config's default now
+    record = json.loads((tmp_path / "figures" / f"{name}.json").read_text())
     assert (record["global_batch_size"], record["steps_per_epoch"]) == (64, 7)
     assert (record["validation_steps"], record["validation_images"]) == (3, 192)
-    assert (tmp_path / "figures" / "my_tpu_rehearsal.png").exists()
+    assert (tmp_path / "figures" / f"{name}.png").exists()
     # a flag still overrides the config
     args = cli.build_parser("tpu", "").parse_args(["--steps-per-epoch", "5"])
     assert plan_run("tpu", Settings.from_args(args), replicas=4).steps_per_epoch == 5
@@ -195,4 +205,5 @@ def test_more_than_32_replicas_predict_their_digits_and_write_every_output(repo,
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[INFO] Number of accelerators: 40" in result.stdout
     for suffix in ("png", "json", "keras"):
-        assert (tmp_path / f"gpu_rehearsal.{suffix}").is_file()
+        name = "gpu_rehearsal_epochs-1_batch-size-1_steps-per-epoch-1_data-source-sample"
+        assert (tmp_path / f"{name}.{suffix}").is_file()

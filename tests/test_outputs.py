@@ -16,17 +16,21 @@ from pyimagesearch.training.errors import UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]
+TINY_NAME = "cpu_epochs-1_batch-size-32_steps-per-epoch-2_data-source-sample"  # --help's order
 
 
 def test_a_run_writes_into_a_bucket_like_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     folder = "ram://bucket/runs"
     train_cpu.main(TINY + ["--output-dir", folder])
-    for suffix in ("png", "json", "keras"):
-        assert tf.io.gfile.exists(f"{folder}/cpu.{suffix}")
-    with tf.io.gfile.GFile(f"{folder}/cpu.json") as handle:
-        assert json.load(handle)["device"] == "cpu"
-    assert sorted(tf.io.gfile.listdir(folder)) == ["cpu.json", "cpu.keras", "cpu.png"]
+    with tf.io.gfile.GFile(f"{folder}/{TINY_NAME}.json") as handle:
+        record = json.load(handle)
+    assert record["device"] == "cpu" and record["name"] == TINY_NAME
+    assert record["flags"] == ["--epochs", "1", "--batch-size", "32", "--steps-per-epoch", "2",
+                               "--data-source", "sample"]  # what sets it apart
+    assert record["runtime"]["accelerator"] == "cpu"
+    assert sorted(tf.io.gfile.listdir(folder)) == [f"{TINY_NAME}.{suffix}"
+                                                   for suffix in ("json", "keras", "png")]
     assert os.listdir(tmp_path) == []  # no local "ram:" (or "gs:") folder
 
 

@@ -19,8 +19,18 @@ ONE_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--batch-size", "32",
 EDGE_SEEDS = [0, 1, 2**31 - 1, 2 * (2**31 - 1), cli.MAX_SEED]
 
 
+def _only(folder, stem, suffix):
+    """The one output of `suffix` in `folder` of a run whose name starts with `stem`.
+
+    A run's name carries its flags (cpu_epochs-1_..._seed-0); `stem_` and not
+    `stem` alone, so that "cpu" does not match "cpu_gpu-runtime" of another stem.
+    """
+    [path] = folder.glob(f"{stem}_*.{suffix}")
+    return path
+
+
 def _record(folder, name):
-    return json.loads((folder / f"{name}.json").read_text())
+    return json.loads(_only(folder, name, "json").read_text())
 
 
 class Runs(dict):
@@ -76,7 +86,8 @@ def test_seed_zero_rehearsal_step_equals_the_cpu_step(tmp_path):
     train_cpu.main(sgd + ["--batch-size", "256", "--output-dir", str(tmp_path)])
     train_gpu.main(sgd + ["--batch-size", "128", "--rehearse", "2",
                           "--output-dir", str(tmp_path)])
-    cpu, gpu = _weights(tmp_path / "cpu.keras"), _weights(tmp_path / "gpu_rehearsal.keras")
+    cpu, gpu = _weights(_only(tmp_path, "cpu", "keras")), _weights(
+        _only(tmp_path, "gpu_rehearsal", "keras"))
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 

@@ -29,7 +29,9 @@ def _float32_afterwards():
     set_precision("float32")  # the policy is process-wide
 
 
-def _check_run(record_path, model_path, precision):
+def _check_run(folder, stem, precision):
+    """The record and model of the one run in `folder` whose name (it says the flags) is stem_*."""
+    [record_path], [model_path] = folder.glob(f"{stem}_*.json"), folder.glob(f"{stem}_*.keras")
     record = json.loads(record_path.read_text())
     assert record["precision"] == precision
     assert np.isfinite(record["loss"]).all() and record["loss"][-1] < record["loss"][0]
@@ -42,7 +44,7 @@ def _check_run(record_path, model_path, precision):
 
 def test_bfloat16_trains_with_a_float32_output(tmp_path):
     train_cpu.main(SHORT + ["--precision", "mixed_bfloat16", "--output-dir", str(tmp_path)])
-    _, model = _check_run(tmp_path / "cpu.json", tmp_path / "cpu.keras", "mixed_bfloat16")
+    _, model = _check_run(tmp_path, "cpu", "mixed_bfloat16")
     assert model.encoder.layers[0].compute_dtype == "bfloat16"
 
 
@@ -51,8 +53,7 @@ def test_bfloat16_trains_with_a_float32_output(tmp_path):
 def test_float16_on_a_rehearsal_trains_with_loss_scaling(tmp_path, loop):
     train_gpu.main(SHORT + ["--rehearse", "2", "--precision", "mixed_float16", "--loop", loop,
                             "--output-dir", str(tmp_path)])
-    _check_run(tmp_path / "gpu_rehearsal.json", tmp_path / "gpu_rehearsal.keras",
-               "mixed_float16")
+    _check_run(tmp_path, "gpu_rehearsal", "mixed_float16")
 
 
 def _one_custom_step(precision, images):
@@ -86,7 +87,7 @@ def test_custom_loop_scales_and_unscales_a_float16_loss():
 
 def test_xla_trains_and_is_recorded(tmp_path):
     train_cpu.main(SHORT + ["--jit-compile", "--output-dir", str(tmp_path)])
-    record, _ = _check_run(tmp_path / "cpu.json", tmp_path / "cpu.keras", "float32")
+    record, _ = _check_run(tmp_path, "cpu", "float32")
     assert record["jit_compile"] is True
 
 
@@ -123,7 +124,8 @@ def test_compare_takes_several_folders(tiny_runs, tmp_path, capsys):
         (tmp_path / folder).mkdir()
         for stem in stems:
             for suffix in ("json", "keras", "png"):
-                shutil.copy(tiny_runs / f"{stem}.{suffix}", tmp_path / folder)
+                [run] = tiny_runs.glob(f"{stem}_epochs-*.{suffix}")  # named by its flags
+                shutil.copy(run, tmp_path / folder / f"{stem}.{suffix}")
     compare.main([str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir",
                   str(tmp_path / "cmp")])
     rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()

@@ -364,15 +364,16 @@ def test_training_on_a_truncated_shard_is_one_line_and_keeps_earlier_outputs(
     os.truncate(shard, shard.stat().st_size // 2)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "cpu.json").write_text("earlier run")
+    earlier = "cpu_data-source-tfrecord.json"  # the run's name says its flag
+    (out / earlier).write_text("earlier run")
     done = in_process("train_cpu.py", "--data-source", "tfrecord",
                       "--data-dir", str(folder), "--output-dir", str(out))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith("train_cpu.py: error: ") and str(shard) in lines[0]
-    assert sorted(os.listdir(out)) == ["cpu.json"]
-    assert (out / "cpu.json").read_text() == "earlier run"
+    assert sorted(os.listdir(out)) == [earlier]
+    assert (out / earlier).read_text() == "earlier run"
 
 
 # --- the real entry points, tiny ------------------------------------------------
@@ -382,7 +383,8 @@ def test_a_tiny_training_run_reads_tfrecords(tmp_path, sample):
     train_cpu.main(["--data-source", "tfrecord", "--data-dir", str(tmp_path / "records"),
                     "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
                     "--output-dir", str(tmp_path / "out")])
-    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    name = "cpu_epochs-1_batch-size-32_steps-per-epoch-2_data-source-tfrecord"
+    record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert record["data_source"] == "tfrecord (sample)"
     assert str(tmp_path / "records") in record["data_source_reason"]
     assert record["train_images"] == 4500  # from the metadata

@@ -16,6 +16,7 @@ from pyimagesearch.training import files
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
+CPU = "cpu_epochs-2_batch-size-32_steps-per-epoch-3_data-source-sample"  # TINY's run name
 RECORD_KEYS = {"device", "strategy", "replicas", "global_batch_size",
                "steps_per_epoch", "epochs", "data_source", "tensorflow_version",
                "epoch_seconds", "images_per_second", "loss", "val_loss"}
@@ -29,15 +30,15 @@ def _run_script(repo, *args):
 
 def test_tiny_run_writes_figure_record_and_loadable_model(tmp_path):
     train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
-    assert (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    record = json.loads((tmp_path / "cpu.json").read_text())
+    assert (tmp_path / f"{CPU}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads((tmp_path / f"{CPU}.json").read_text())
     assert RECORD_KEYS <= record.keys()
     assert record["device"] == "cpu" and record["replicas"] == 1
     assert record["global_batch_size"] == 32 and record["steps_per_epoch"] == 3
     assert record["data_source"] == "sample" and record["rehearsal"] is False
     assert len(record["loss"]) == len(record["val_loss"]) == 2
     assert len(record["epoch_seconds"]) == len(record["images_per_second"]) == 2
-    model = keras.saving.load_model(tmp_path / "cpu.keras")
+    model = keras.saving.load_model(tmp_path / f"{CPU}.keras")
     assert model.predict(np.zeros((1, 28, 28, 1), "float32"), verbose=0).shape == (1, 28, 28, 1)
     leftovers = [name for name in os.listdir(tmp_path) if name.startswith(".")]
     assert leftovers == []
@@ -52,7 +53,7 @@ def test_default_epoch_keeps_the_article_length():
 
 
 def test_failure_while_saving_leaves_earlier_outputs_untouched(tmp_path, monkeypatch):
-    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+    for name in (f"{CPU}.png", f"{CPU}.json", f"{CPU}.keras"):
         (tmp_path / name).write_text(f"earlier {name}")
 
     def broken_save(self, path, *args, **kwargs):
@@ -63,9 +64,9 @@ def test_failure_while_saving_leaves_earlier_outputs_untouched(tmp_path, monkeyp
     with pytest.raises(UserError, match=r"cannot write the outputs in the scratch folder "
                                         r".*\(disk full\).*earlier outputs are untouched"):
         train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
-    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+    for name in (f"{CPU}.png", f"{CPU}.json", f"{CPU}.keras"):
         assert (tmp_path / name).read_text() == f"earlier {name}"
-    assert sorted(os.listdir(tmp_path)) == ["cpu.json", "cpu.keras", "cpu.png"]
+    assert sorted(os.listdir(tmp_path)) == [f"{CPU}.json", f"{CPU}.keras", f"{CPU}.png"]
 
 
 def test_staged_outputs_replace_only_on_success(tmp_path):
@@ -123,7 +124,8 @@ def test_a_tfds_data_dir_not_there_yet_does_not_stop_a_run(in_process, monkeypat
     result = in_process("train_cpu.py", *TINY[:-2], "--data-source", source,
                         "--output-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "out" / "cpu.json").read_text())["data_source"] == "sample"
+    name = CPU if source == "sample" else CPU.removesuffix("_data-source-sample")
+    assert json.loads((tmp_path / "out" / f"{name}.json").read_text())["data_source"] == "sample"
     assert "\x1b" not in result.stdout + result.stderr  # redirected: no terminal escapes
 
 
@@ -149,9 +151,9 @@ def test_steps_per_execution_divides_the_epoch(steps, expected):
 
 def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
     histories = {}
-    for loop in ("fit", "custom"):
+    for loop, name in (("fit", ""), ("custom", "_loop-custom")):
         train_cpu.main(TINY + ["--loop", loop, "--output-dir", str(tmp_path / loop)])
-        histories[loop] = json.loads((tmp_path / loop / "cpu.json").read_text())
+        histories[loop] = json.loads((tmp_path / loop / f"{CPU}{name}.json").read_text())
     for key in ("loss", "val_loss"):
         np.testing.assert_allclose(histories["custom"][key], histories["fit"][key],
                                    rtol=1e-4)
@@ -204,7 +206,7 @@ def test_the_figure_shows_the_inputs_left_and_the_predictions_right(tmp_path, mo
 
     monkeypatch.setattr(keras.Model, "predict", white)
     train_cpu.main(TINY + ["--output-dir", str(tmp_path)])
-    pixels = matplotlib.image.imread(tmp_path / "cpu.png")[..., :3].mean(axis=-1)
+    pixels = matplotlib.image.imread(tmp_path / f"{CPU}.png")[..., :3].mean(axis=-1)
     left, right = np.array_split(pixels, 2, axis=1)
     dark = 0.1  # MNIST's background is 0: black in the figure
     assert (left < dark).mean() > 0.3  # the input digits, mostly background
@@ -275,7 +277,7 @@ def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
     for suffix in ("png", "json", "keras"):
-        assert (tmp_path / f"cpu.{suffix}").is_file()
+        assert (tmp_path / f"{CPU}.{suffix}").is_file()
 
 
 CLOSED_STREAMS = r"""
@@ -314,7 +316,7 @@ def test_a_run_with_stdout_and_stderr_closed_writes_its_outputs(repo, tmp_path):
                               str(tmp_path)], cwd=repo, timeout=300,
                              preexec_fn=lambda: (os.close(1), os.close(2)))
     assert process.returncode == 0
-    assert sorted(os.listdir(tmp_path)) == ["cpu.json", "cpu.keras", "cpu.png"]
+    assert sorted(os.listdir(tmp_path)) == [f"{CPU}.json", f"{CPU}.keras", f"{CPU}.png"]
 
 
 @pytest.mark.slow
@@ -329,4 +331,4 @@ def test_a_jax_backend_in_the_environment_is_set_aside_in_one_line(repo, tmp_pat
     assert result.stderr.splitlines()[0] == ("[INFO] KERAS_BACKEND=jax set aside: this code "
                                              "runs Keras on TensorFlow")
     assert "Traceback" not in result.stderr
-    assert (tmp_path / "cpu.keras").is_file()
+    assert (tmp_path / f"{CPU}.keras").is_file()

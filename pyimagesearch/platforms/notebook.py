@@ -440,8 +440,9 @@ def train(runs, folder, repo="."):
     for run in runs:
         if run.reason:
             print(f"[INFO] {run.name}: {run.reason}")
+        # the script logs into logs/<its run's name>/<its start>
         run_script(run.argv + ("--output-dir", folder,
-                               "--logdir", os.path.join(folder, "logs", run.name)), repo)
+                               "--logdir", os.path.join(folder, "logs")), repo)
 
 
 def matmul_device(host, device="auto"):
@@ -450,10 +451,16 @@ def matmul_device(host, device="auto"):
 
 
 def time_matmul(device, folder, repo="."):
-    """The article's matmul on `device`, timed the article's way and properly."""
+    """The article's matmul on `device`, timed the article's way and properly.
+
+    Its record is matmul_<device>.json, with the runtime where a GPU or TPU
+    runtime's CPU was timed (matmul_cpu_gpu-runtime.json): not the CPU runtime's.
+    """
+    from pyimagesearch.training.plan import runtime_suffix  # no TensorFlow
+
+    name = f"matmul_{device}{runtime_suffix(device == 'cpu')}.json"
     run_script(("tools/matmul_benchmark.py", "--device", device, "--warmup", "1",
-                "--repeats", "5", "--json",
-                os.path.join(folder, "benchmarks", f"matmul_{device}.json")), repo)
+                "--repeats", "5", "--json", os.path.join(folder, "benchmarks", name)), repo)
 
 
 def compare(folder, repo="."):
@@ -472,16 +479,41 @@ def record_table(record):
     return "\n".join(rows)
 
 
+def written_by(run, folder):
+    """(path without suffix, record) of the latest run record in `folder` that `run` wrote.
+
+    A script names its outputs after its flags and the runtime
+    (training/plan.py's run_name), so the notebook finds them by the command
+    in their records rather than by `run.name`.
+    """
+    found = []
+    for name in os.listdir(folder):
+        if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)):
+            try:
+                with open(os.path.join(folder, name)) as handle:
+                    record = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            command = record.get("command") if isinstance(record, dict) else None
+            command = command if isinstance(command, list) else None
+            # train() appends --output-dir FOLDER to the run's own flags
+            if command and command[:len(run.argv) + 2] == [*run.argv, "--output-dir", folder]:
+                found.append((str(record.get("started_at", "")), name[:-5], record))
+    if not found:
+        raise NotebookStop(f"{run.name} left no run record in {folder}")
+    _, stem, record = max(found)
+    return os.path.join(folder, stem), record
+
+
 def show_runs(runs, folder):
     """Each run's figure and its record's numbers, inline."""
     from IPython.display import Image, Markdown, display
 
     for run in runs:
-        stem = os.path.join(folder, run.name)
-        with open(stem + ".json") as handle:
-            record = json.load(handle)
-        display(Markdown(f"**{run.name}**: {record['replicas']} replica(s), global batch "
-                         f"{record['global_batch_size']}, {record['steps_per_epoch']} steps "
+        stem, record = written_by(run, folder)
+        display(Markdown(f"**{os.path.basename(stem)}**: {record['replicas']} replica(s), "
+                         f"global batch {record['global_batch_size']}, "
+                         f"{record['steps_per_epoch']} steps "
                          f"per epoch, data: {record['data_source']}"
                          + (" (a rehearsal on CPU devices)" if record["rehearsal"] else "")))
         display(Markdown(record_table(record)))

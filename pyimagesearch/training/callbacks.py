@@ -9,7 +9,8 @@ step indices `fit` passes. One implementation each:
 - Keras' `TerminateOnNaN`: a diverged run stops at the step it diverged.
 - `backup.Backup` (--backup-dir): resume after a crash.
 - Keras' `TensorBoard` (--logdir): losses and learning rate per epoch,
-  numbered from 1 as the log prints epochs (Keras numbers them from 0).
+  numbered from 1 as the log prints epochs (Keras numbers them from 0), in
+  DIR/<run name>/<start time> (`attempt_logdir`).
 - `EpochSummaries` (--logdir): what Keras' TensorBoard does not write:
   images per second and, at each epoch end, the figure's digits with their
   reconstructions as an image summary.
@@ -198,6 +199,24 @@ class RunCallbacks:
             self.backup.finish()
 
 
+def attempt_logdir(logdir, name, now=None):
+    """`logdir`/NAME/TIME: a folder per run, and in it one per attempt, created.
+
+    One TensorBoard on `logdir` compares every run; a rerun of the same run
+    gets a folder of its own (its start, UTC), so its curves start afresh
+    beside the earlier ones instead of doubling back over them.
+    """
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    run, count = join(logdir, name), 1
+    attempt = join(run, stamp)
+    while tf.io.gfile.exists(attempt):  # two starts within a second
+        count += 1
+        attempt = join(run, f"{stamp}-{count}")
+    tf.io.gfile.makedirs(attempt)
+    return attempt
+
+
 def make_callbacks(plan, digits):
     """The callbacks `plan` asks for; `digits` are the figure's, for TensorBoard.
 
@@ -213,8 +232,7 @@ def make_callbacks(plan, digits):
     if backup:
         callbacks.append(backup)
     if plan.is_chief and (settings.logdir or settings.profile_steps):
-        # one subfolder per configuration: one TensorBoard compares them all
-        logdir = join(settings.logdir or "logs", plan.name)
+        logdir = attempt_logdir(settings.logdir or "logs", plan.name)
         callbacks.append(EpochTensorBoard(logdir, write_graph=False, profile_batch=0))
         if settings.profile_steps:
             callbacks.append(ProfileSteps(join(logdir, "train"), *settings.profile_steps,

@@ -9,6 +9,7 @@ outputs all read the plan, never the argparse namespace.
 """
 import dataclasses
 import os
+import re
 import sys
 
 from pyimagesearch import config
@@ -77,6 +78,7 @@ class RunPlan:
     validation: Validation | None = None
     # in a cluster: whether TensorFlow's PreemptionCheckpointHandler acts here
     preemption_handler: bool | None = None
+    runtime: str = "cpu"      # what this machine trains on: cpu, gpu or tpu (in the name)
 
     @property
     def verbose(self):
@@ -188,11 +190,13 @@ def make_optimizer(name, learning_rate):
     raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
+def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=None):
     """Work out the global batch, steps and learning rate for `device` on `replicas`.
 
     `cluster` (from TF_CONFIG) makes this one worker of several: it trains
-    with the custom loop, and only its chief writes.
+    with the custom loop, and only its chief writes. `runtime` is what this
+    machine trains on ("cpu", "gpu" or "tpu"; None: read from the machine),
+    for the run's name.
     """
     if device == "tpu":
         # the article's TPU batch is global: 1024 over 8 cores is 128 per core
@@ -225,9 +229,9 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None):
         per_execution = min(config.STEPS_PER_EXECUTION, steps)
     else:
         per_execution = steps_per_execution(steps)
-    stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
+    runtime = runtime or this_runtime()
     return RunPlan(
-        settings, device, name=f"{stem}_rehearsal" if rehearsal else stem,
+        settings, device, name=run_name(device, settings, rehearsal, runtime), runtime=runtime,
         rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
         steps_per_epoch=steps, steps_per_execution=per_execution,
         fixed_validation=device == "tpu",
@@ -279,6 +283,80 @@ def check_levers(plan, strategy):
                         "Keras compiles the step of every GPU into one XLA program, which "
                         "fails; add --loop custom, which compiles each GPU's step on its own, "
                         "or leave out --jit-compile")
+
+
+# The flags that change what a run trains, in the order of --help: a run's
+# name carries those that differ from the script's defaults. Folders,
+# backups, logs and profiles change where things go, not the run.
+NAMED_FLAGS = ("epochs", "batch_size", "steps_per_epoch", "data_source", "seed", "optimizer",
+               "learning_rate", "lr_scaling", "loop", "precision", "jit_compile")
+
+
+def default_settings(device):
+    """train_<device>.py's defaults: the TPU's batch is the article's global 1024."""
+    return Settings(batch_size=config.TPU_BATCH_SIZE) if device == "tpu" else Settings()
+
+
+def flags_apart(device, settings):
+    """The flags of `settings` that differ from train_<device>.py's defaults, as typed.
+
+    ["--lr-scaling", "sqrt", "--jit-compile"]: what sets the run apart from
+    the default run of its script (NAMED_FLAGS).
+    """
+    return [word for flag, value in _differences(device, settings)
+            for word in (f"--{flag}",) + ((value,) if value is not None else ())]
+
+
+def _differences(device, settings):
+    """(flag, value as typed) for each NAMED_FLAGS field off its default; value None: a switch."""
+    defaults = default_settings(device)
+    for field in NAMED_FLAGS:
+        value = getattr(settings, field)
+        if value != getattr(defaults, field):
+            # a float as Python prints it: every digit that counts, so 0.001 and 0.0011 differ
+            yield field.replace("_", "-"), None if isinstance(value, bool) else str(value)
+
+
+def run_name(device, settings, rehearsal=False, runtime=None):
+    """The stem of a run's outputs: what sets the run apart from every other run.
+
+    The device's figure name (cpu, gpu, tpu: config.*_IMG_PATH), then
+    `rehearsal`, then each flag that differs from the script's defaults
+    (flags_apart), then the runtime where a CPU run or a rehearsal ran on a
+    machine with a GPU or TPU. The default runs keep the article's names:
+
+        train_cpu.py                                cpu
+        train_tpu.py --rehearse 8                   tpu_rehearsal
+        train_tpu.py --lr-scaling sqrt              tpu_lr-scaling-sqrt
+        train_cpu.py --epochs 1, on a GPU runtime   cpu_epochs-1_gpu-runtime
+
+    The same flags on the same runtime give the same name, so a rerun
+    replaces its own outputs and no other run's. Letters, digits, `.`, `_`
+    and `-` only: a file name anywhere, and in a bucket.
+    """
+    stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
+    parts = [stem] + (["rehearsal"] if rehearsal else [])
+    parts += [flag if value is None else f"{flag}-{value}"
+              for flag, value in _differences(device, settings)]
+    return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
+        device == "cpu" or rehearsal, runtime)
+
+
+def runtime_suffix(on_cpu, runtime=None):
+    """"_gpu-runtime" for work done on the CPU of a GPU (or TPU) runtime; "" elsewhere.
+
+    Such a CPU is not the CPU runtime's: its run, or its matmul timing, must
+    not replace theirs.
+    """
+    runtime = runtime or this_runtime()
+    return f"_{runtime}-runtime" if on_cpu and runtime != "cpu" else ""
+
+
+def this_runtime():
+    """What this machine trains on, "cpu", "gpu" or "tpu", read without TensorFlow."""
+    from pyimagesearch.platforms.host import detect
+
+    return detect().accelerator
 
 
 def figure_path(device):
