@@ -146,15 +146,20 @@ def figure_title(plan, record):
 
     "tpu_rehearsal: val_loss 0.0123", the batch, steps and learning rate,
     then the data: digits of the 5,000-digit sample are said to be the
-    sample's, never MNIST's.
+    sample's, never MNIST's. With `plan` None the run's settings are read from
+    its `record` (tools/redraw_figure.py redraws a saved run's figure).
     """
-    label = plan.source.label
+    run = record if plan is None else {
+        "name": plan.name, "data_source": plan.source.label,
+        "global_batch_size": plan.global_batch_size,
+        "steps_per_epoch": plan.steps_per_epoch, "learning_rate": plan.learning_rate}
+    label = run["data_source"]
     digits = ("digits 0-7 of the 5,000-digit sample, not MNIST" if "sample" in label
               else "images of a stand-in, not MNIST" if "stand-in" in label
               else f"digits 0-7 of MNIST ({label})")
-    return (f"{plan.name}: val_loss {record['val_loss'][-1]:.4f}\n"
-            f"batch {plan.global_batch_size}, {plan.steps_per_epoch} steps/epoch, "
-            f"lr {plan.learning_rate:g}\n{digits}")
+    return (f"{run['name']}: val_loss {record['val_loss'][-1]:.4f}\n"
+            f"batch {run['global_batch_size']}, {run['steps_per_epoch']} steps/epoch, "
+            f"lr {run['learning_rate']:g}\n{digits}")
 
 
 def runtime_info(plan):
