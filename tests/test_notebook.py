@@ -25,7 +25,8 @@ from time_notebook import fresh_copy  # noqa: E402  (tools/: the files git would
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebook.ipynb"
-QUICK = "REHEARSE = False\nEPOCHS = 2\nTRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]"
+QUICK = ("REHEARSE = False\nEPOCHS = 2\nTIME_MATMUL = True\n"
+         "TRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]")
 # a bound for a hang, not a speed: the cell that trains three runs took about 2 minutes on
 # the Intel machine of docs/machine.md, and 13 on a 2-core AMD EPYC VM on 2026-12-02 whose
 # TensorFlow spent half its time in the kernel (the whole test: 901 s, over the old 900)
@@ -90,7 +91,9 @@ def _section_code(title):
 def test_each_section_shows_what_the_article_shows_there():
     assert "notebook.project_structure()" in _section_code("Project structure")
     hardware = _section_code("Hardware")
-    assert "notebook.say_tpu_cores(host)" in hardware and "notebook.show_matmul(RUNS)" in hardware
+    for call in ("notebook.say_tpu_cores(host)", "notebook.show_matmul(RUNS)",
+                 "notebook.matmul_wanted(host, DEVICE, TIME_MATMUL)"):
+        assert call in hardware
     assert "notebook.show_differences()" in _section_code("Distribute the training")
     assert 'show_listing("pyimagesearch/data.py", name="get_data")' in _section_code("Data")
     losses = _section_code("Losses")
@@ -171,7 +174,10 @@ def check_a_full_run(notebook, runs, copy):
     table1 = next(table for table in tables if table.startswith("| run |"))
     assert "val_loss" in table1.splitlines()[0]
     ours = table1.split("\n\n")[0].splitlines()[2:]
-    assert [line.split(" | ")[0].lstrip("| ") for line in ours] == runs
+    # a record's name is the scripts' (device, rehearsal, flags): it starts with the device
+    names = [line.split(" | ")[0].lstrip("| ") for line in ours]
+    assert len(names) == len(runs) and all(
+        name.startswith(run.split("_")[0]) for name, run in zip(sorted(names), sorted(runs)))
     for article in ("| article: CPU |", "| article: GPU (Tesla T4) |",
                     "| article: TPU (8 cores) |"):
         assert article in table1  # compare.py --with-article
@@ -355,16 +361,31 @@ def _matmul(folder, name, naive, median, rehearsal=False):
 
 
 def test_the_matmul_table_puts_the_runs_records_beside_the_articles_timings(tmp_path):
-    assert driver.matmul_table(tmp_path).splitlines()[2:] == [
+    assert driver.matmul_table(tmp_path, reference=None).splitlines()[2:] == [
         "| the article: CPU | 0.79 | | its listing |",
         "| the article: GPU | 0.000436 | | its listing |",
         "| the article: TPU (8 cores) | 0.06 | | its listing |"]
     _matmul(tmp_path, "matmul_gpu.json", 0.000512, 0.0123)
     (tmp_path / "benchmarks" / "matmul_cpu.json").write_text("{")
-    rows = driver.matmul_table(tmp_path).splitlines()
-    assert rows[2] == "| matmul_cpu.json | | | unreadable: skipped |"
-    assert rows[3] == "| Tesla T4 | 0.000512 | 0.0123 | matmul_gpu.json in the runs folder |"
-    assert len(rows) == 7
+    rows = driver.matmul_table(tmp_path, repo=REPO).splitlines()
+    assert rows[2].startswith("| Intel(R) Xeon(R) Processor, 2 CPUs | 2.43958 | 0.489311 | "
+                              "`outputs/quoted/benchmarks/matmul_cpu.json`, this repository")
+    assert rows[3] == "| matmul_cpu.json | | | unreadable: skipped |"
+    assert rows[4] == "| Tesla T4 | 0.000512 | 0.0123 | matmul_gpu.json in the runs folder |"
+    assert len(rows) == 8
+
+
+@pytest.mark.parametrize("host, device, setting, timed", [
+    (CPU_HOST, "auto", "auto", False),  # the first Run all's budget on a CPU runtime
+    (CPU_HOST, "auto", True, True),
+    (Host("colab", 1, 0, ""), "auto", "auto", True),
+    (Host("colab", 0, 1, "v5e"), "auto", "auto", True),
+    (Host("colab", 0, 1, "v5e"), "auto", False, False),
+    (Host("colab", 1, 0, ""), "cpu", "auto", False),
+])
+def test_the_matmul_is_timed_on_a_gpu_or_tpu_and_on_a_cpu_when_asked(host, device, setting,
+                                                                      timed):
+    assert driver.matmul_wanted(host, device, setting) is timed
 
 
 def test_the_losses_numbers_come_from_the_committed_record(tmp_path):

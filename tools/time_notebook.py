@@ -108,6 +108,22 @@ def run_notebook(copy, scratch):
     return cells, {name: int(seconds) for name, seconds in TOOK.findall(printed)}, total
 
 
+def run_records(folder, runs):
+    """{run: its record} for the notebook's runs ("cpu", "tpu_rehearsal", ...) in `folder`.
+
+    A record is matched by its device and whether it is a rehearsal, not by
+    its file name, which the scripts choose (it may carry the flags).
+    """
+    found = {}
+    for path in sorted(pathlib.Path(folder).glob("*.json")):
+        record = json.loads(path.read_text())
+        if "device" in record:
+            name = record["device"] + ("_rehearsal" if record.get("rehearsal") else "")
+            if name in runs:
+                found[name] = record
+    return found
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = cli.OneLineParser(description=__doc__,
@@ -135,9 +151,7 @@ def main(argv=None):
         cells, runs, total = run_notebook(copy, scratch / "tmp")
         print(f"[INFO] the notebook: {total:.0f} s; cells {cells}", flush=True)
         load["after_notebook"] = os.getloadavg()
-        records = {name: json.loads((copy / "outputs/notebook" / f"{name}.json").read_text())
-                   for name in runs
-                   if (copy / "outputs/notebook" / f"{name}.json").is_file()}
+        records = run_records(copy / "outputs/notebook", runs)
         epochs.append(article_style_epoch(data_dir))
         print(f"[INFO] article-style epoch, after: {epochs[1]:.1f} s", flush=True)
         load["end"] = os.getloadavg()

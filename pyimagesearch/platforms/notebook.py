@@ -394,6 +394,18 @@ def matmul_device(host, device="auto"):
     return host.accelerator if device in ("auto", host.accelerator) else "cpu"
 
 
+def matmul_wanted(host, device="auto", setting="auto"):
+    """Whether to time the matmul here: TIME_MATMUL, "auto" on a GPU or TPU only.
+
+    On a CPU runtime it is the first Run all's dearest minute after the
+    training (TensorFlow's start and a 1 GiB operand), and the table shows
+    this repository's CPU record beside the article's instead.
+    """
+    if setting == "auto":
+        return matmul_device(host, device) != "cpu"
+    return bool(setting)
+
+
 def time_matmul(device, folder, repo="."):
     """The article's matmul on `device`, timed the article's way and properly."""
     run_script(("tools/matmul_benchmark.py", "--device", device, "--warmup", "1",
@@ -569,13 +581,23 @@ def _first_line(path):
 
 ARTICLE_MATMUL = {"CPU": 0.79, "GPU": 0.000436, "TPU (8 cores)": 0.06}  # naive, its listings
 LISTINGS_RECORD = "outputs/quoted/listings/tf221.json"  # tools/check_listings.py's record
+MATMUL_RECORD = "outputs/quoted/benchmarks/matmul_cpu.json"  # tools/matmul_benchmark.py's
 
 
-def matmul_table(folder, article=ARTICLE_MATMUL):
-    """The matmul records in `folder`/benchmarks beside the article's three timings."""
+def matmul_table(folder, article=ARTICLE_MATMUL, reference=MATMUL_RECORD, repo="."):
+    """The matmul records in `folder`/benchmarks beside the article's three timings.
+
+    `reference`, this repository's CPU record, comes first: a row of figures
+    measured the same way on a known machine.
+    """
     rows = ["| where | naive: one call, timed as the article does (s) | measured: median, "
             "warmed up, each call waited for (s) | from |", "| --- | --- | --- | --- |"]
-    for path in sorted(pathlib.Path(folder, "benchmarks").glob("matmul_*.json")):
+    paths = [(path, f"{path.name} in the runs folder")
+             for path in sorted(pathlib.Path(folder, "benchmarks").glob("matmul_*.json"))]
+    if reference:
+        paths.insert(0, (pathlib.Path(repo, reference),
+                         f"`{reference}`, this repository's machine"))
+    for path, source in paths:
         try:
             record = json.loads(path.read_text())
             naive, median = record["naive_seconds"], record["seconds"]["median"]
@@ -584,15 +606,14 @@ def matmul_table(folder, article=ARTICLE_MATMUL):
         except (OSError, ValueError, KeyError, TypeError):
             rows.append(f"| {path.name} | | | unreadable: skipped |")
             continue
-        rows.append(f"| {where.replace('|', '/')} | {naive:.6g} | {median:.6g} | "
-                    f"{path.name} in the runs folder |")
+        rows.append(f"| {where.replace('|', '/')} | {naive:.6g} | {median:.6g} | {source} |")
     for where, seconds in article.items():
         rows.append(f"| the article: {where} | {seconds:g} | | its listing |")
     return "\n".join(rows)
 
 
-def show_matmul(folder):
-    _display_markdown(matmul_table(folder))
+def show_matmul(folder, repo="."):
+    _display_markdown(matmul_table(folder, repo=repo))
 
 
 def say_tpu_cores(host):
