@@ -195,7 +195,7 @@ def check_a_full_run(notebook, runs, copy):
         started = next(index for index, output in enumerate(outputs(notebook))
                        if f"$ python {script}" in output.get("text", ""))
         listing = [said for index, said in shown if index < started
-                   and said.startswith(f"   1  ")][-1]
+                   and said.startswith("   1  ")][-1]
         assert listing.splitlines() == [f"{number:4d}  {line}" for number, line in
                                         enumerate((copy / script).read_text().splitlines(), 1)]
 
@@ -426,7 +426,7 @@ def test_rehearse_names_the_configurations_to_rehearse():
 
 
 def test_an_estimate_scales_the_one_core_time_to_the_epochs_and_colab(tmp_path):
-    record = tmp_path / driver.TIMING_RECORD
+    record = tmp_path / driver.ESTIMATES_RECORD
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"factor": 1.5, "runs": {"cpu": {
         "seconds": 100, "epoch_seconds": [30, 20, 20]}}}))

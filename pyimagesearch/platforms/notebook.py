@@ -6,9 +6,12 @@ training scripts need. So the kernel only reads the machine (host.py),
 installs what the runtime lacks, picks a folder that outlives the runtime,
 runs the scripts as processes and shows what they wrote.
 
-A failure stops the notebook with one line (`NotebookStop`): the script's
-own line where a script failed. Rerunning a cell is safe: every step
-checks what is already done, and the scripts write their outputs whole.
+Before each run it shows the lines the run executes, read from the script
+at that moment (`show_listing`: the lines marked `# +` grey or folded), and
+how long the run will take here (`estimate`). A failure stops the notebook
+with one line (`NotebookStop`): the script's own line where a script failed.
+Rerunning a cell is safe: every step checks what is already done, and the
+scripts write their outputs whole.
 """
 import ast
 import dataclasses
@@ -297,8 +300,9 @@ def train(runs, folder, repo=".", host=None):
     """Each run in `runs`: its code, how long it will take, the run itself, what it wrote.
 
     Before a run, the listing of its script (`show_listing`) and an estimate
-    of its time on this runtime (`estimate`); while it runs, Keras' progress
-    bar as the script prints it; after, its figure and losses (`show_written`).
+    of its time on this runtime (`estimate`); while it runs, Keras' lines as
+    the script prints them (one an epoch, as into a log: its output is a
+    pipe); after, its figure and losses (`show_written`).
     Its outputs go to `folder`, its TensorBoard logs beneath.
     """
     for run in runs:
@@ -326,7 +330,10 @@ def _display_markdown(text):
     display(Markdown(text))
 
 
-TIMING_RECORD = "outputs/quoted/notebook/first_run.json"  # tools/time_notebook.py's record
+# tools/time_notebook.py's records: the notebook as committed, and the one its estimates
+# use, taken while the machine's load stayed level (docs/notebook.md)
+TIMING_RECORD = "outputs/quoted/notebook/first_run.json"
+ESTIMATES_RECORD = "outputs/quoted/notebook/first_run_epochs_2.json"
 ARTICLE_EPOCHS = {"gpu": ("Tesla T4", 24, 4), "tpu": ("8 TPU cores", 8, 2)}  # its logs' seconds
 
 
@@ -355,21 +362,25 @@ def estimate(run, host, repo="."):
     article-style epoch timed on that same core, and to `run`'s epochs. On
     a GPU or TPU: the article's own epochs; nothing here has timed one.
     """
-    epochs = _epochs(run.argv)
+    try:
+        epochs = _epochs(run.argv)
+    except ValueError:  # the script will say what is wrong with it
+        return f"{run.name}: no estimate, its --epochs is not a number"
     if run.name in ARTICLE_EPOCHS:  # a real GPU or TPU, not a rehearsal
         where, first, later = ARTICLE_EPOCHS[run.name]
         return (f"{run.name}: the article's {where} trained {epochs} epoch(s) of this in about "
                 f"{first + later * (epochs - 1)} s (its log); start-up (TensorFlow, the data, "
                 f"compiling) comes on top, and has not been timed on a real {run.name.upper()}")
     try:
-        measured = json.loads(pathlib.Path(repo, TIMING_RECORD).read_text())
+        measured = json.loads(pathlib.Path(repo, ESTIMATES_RECORD).read_text())
         entry = measured["runs"][run.name]
         times = entry["epoch_seconds"]
         later = times[1:] or times
         one_core = entry["seconds"] - sum(times[1:]) + (epochs - 1) * sum(later) / len(later)
         factor = measured["factor"]
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return f"{run.name}: no measurement of it in {TIMING_RECORD} to estimate its time from"
+        return (f"{run.name}: no measurement of it in {ESTIMATES_RECORD} to estimate its "
+                "time from")
     return (f"{run.name}: about {_duration(one_core * factor)} on Colab's free CPU for "
             f"{epochs} epoch(s) (timed on one core here, {entry['seconds']:.0f} s for "
             f"{len(times)} epoch(s), x {factor:.2f}: docs/notebook.md)"
