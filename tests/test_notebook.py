@@ -7,11 +7,12 @@ its settings, as papermill injects parameters); the slow suite runs it as
 it is committed. The GPU, TPU, Colab and Kaggle branches are held with
 stand-ins in test_platforms.py.
 """
+import json
 import os
 import pathlib
 import re
-import shutil
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -20,9 +21,12 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from time_notebook import fresh_copy  # noqa: E402  (tools/: the files git would commit, copied)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebook.ipynb"
-QUICK = "REHEARSE = False\nTRAIN_FLAGS = [\"--epochs\", \"2\", \"--steps-per-epoch\", \"4\"]"
+QUICK = ("REHEARSE = False\nEPOCHS = 2\nTIME_MATMUL = True\n"
+         "TRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]")
 # a bound for a hang, not a speed: the cell that trains three runs took about 2 minutes on
 # the Intel machine of docs/machine.md, and 13 on a 2-core AMD EPYC VM on 2026-12-02 whose
 # TensorFlow spent half its time in the kernel (the whole test: 901 s, over the old 900)
@@ -62,26 +66,55 @@ def test_the_readme_and_the_notebook_open_the_same_repository():
                           readme + badges)) == {path}
 
 
+ARTICLE_SECTIONS = ["Configuring your environment", "Project structure", "Hardware",
+                    "Distribute the training", "Data", "Losses", "A tale of comparison",
+                    "Summary"]
+
+
 def test_the_notebook_follows_the_article():
     titles = [line[3:] for cell in read().cells if cell.cell_type == "markdown"
               for line in cell.source.splitlines() if line.startswith("## ")]
-    assert titles == ["Configuring your environment", "Hardware", "Distribute the training",
-                      "A tale of comparison", "Summary"]
+    assert titles == ARTICLE_SECTIONS
+
+
+def _section_code(title):
+    """The source of the code cells under the `## title` heading."""
+    found, inside = [], False
+    for cell in read().cells:
+        if cell.cell_type == "markdown" and "\n## " in "\n" + cell.source:
+            inside = f"\n## {title}" in "\n" + cell.source
+        elif cell.cell_type == "code" and inside:
+            found.append(cell.source)
+    return "\n".join(found)
+
+
+def test_each_section_shows_what_the_article_shows_there():
+    assert "notebook.project_structure()" in _section_code("Project structure")
+    hardware = _section_code("Hardware")
+    for call in ("notebook.say_tpu_cores(host)", "notebook.show_matmul(RUNS)",
+                 "notebook.matmul_wanted(host, DEVICE, TIME_MATMUL)"):
+        assert call in hardware
+    assert "notebook.show_differences()" in _section_code("Distribute the training")
+    assert 'show_listing("pyimagesearch/data.py", name="get_data")' in _section_code("Data")
+    losses = _section_code("Losses")
+    assert 'show_listing("pyimagesearch/loss.py", name="MSELoss")' in losses
+    assert "notebook.show_loss_scaling(RUNS" in losses
+    tale = _section_code("A tale of comparison")
+    assert tale.index("name=\"AutoEncoder\"") < tale.index("notebook.train(runs, RUNS")
+    assert tale.index("notebook.train(") < tale.index("notebook.compare(RUNS)")
+    assert _section_code("Summary") == ""
+
+
+def test_the_drive_consent_is_announced_before_the_cell_that_asks():
+    cells = read().cells
+    index = next(i for i, cell in enumerate(cells) if "notebook.keep_runs_in(" in cell.source)
+    before = cells[index - 1]
+    assert before.cell_type == "markdown"
+    said = " ".join(before.source.split())
+    assert "asks for access to your Google Drive" in said and "outlive this runtime" in said
 
 
 # --- running it ------------------------------------------------------------------------------
-
-def fresh_copy(destination):
-    """The files git would commit, copied: a fresh clone of the working tree."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = REPO / name
-        if source.is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, destination / name)
-    return destination
-
 
 @pytest.fixture
 def kernel_env(tmp_path):
@@ -133,28 +166,54 @@ def text(notebook):
     return "".join(output.get("text", "") for output in outputs(notebook))
 
 
-def check_a_full_run(notebook, runs):
-    """No error anywhere; each run's figure and numbers shown; Table 1 with every run."""
+def check_a_full_run(notebook, runs, copy):
+    """No error; each run's script, figure and numbers shown; Table 1: every run, the article's."""
     errors = [output for output in outputs(notebook) if output.output_type == "error"]
     assert errors == [], errors
     tables = [output.data["text/markdown"] for output in outputs(notebook, "text/markdown")]
     table1 = next(table for table in tables if table.startswith("| run |"))
     assert "val_loss" in table1.splitlines()[0]
-    assert [line.split(" | ")[0].lstrip("| ") for line in table1.splitlines()[2:]] == runs
+    ours = table1.split("\n\n")[0].splitlines()[2:]
+    # a record's name is the scripts' (device, rehearsal, flags): it starts with the device
+    names = [line.split(" | ")[0].lstrip("| ") for line in ours]
+    assert len(names) == len(runs) and all(
+        name.startswith(run.split("_")[0]) for name, run in zip(sorted(names), sorted(runs)))
+    for article in ("| article: CPU |", "| article: GPU (Tesla T4) |",
+                    "| article: TPU (8 cores) |"):
+        assert article in table1  # compare.py --with-article
     assert sum("| epoch | loss | val_loss |" in table for table in tables) == len(runs)
     assert len(outputs(notebook, "image/png")) == len(runs) + 1  # the figures, comparison.png
     assert "Traceback" not in text(notebook)
+    # the matmul table, the Losses numbers
+    assert any("| the article: GPU | 0.000436 |" in table for table in tables)
+    assert any("one SGD step with `MSELoss(scale=1)`" in table for table in tables)
+    # before each run, its script as it is in the copy, then the run
+    shown = [(index, output.data["text/plain"]) for index, output in enumerate(outputs(notebook))
+             if "text/html" in output.get("data", {})]
+    for run in runs:
+        script = "train_" + run.split("_")[0] + ".py"
+        started = next(index for index, output in enumerate(outputs(notebook))
+                       if f"$ python {script}" in output.get("text", ""))
+        listing = [said for index, said in shown if index < started
+                   and said.startswith("   1  ")][-1]
+        assert listing.splitlines() == [f"{number:4d}  {line}" for number, line in
+                                        enumerate((copy / script).read_text().splitlines(), 1)]
 
 
 def test_the_notebook_runs_top_to_bottom_on_a_cpu(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
+    changed = copy / "train_cpu.py"  # the listing shown is the script's, read when it runs
+    changed.write_text(changed.read_text() + "# a line that only this copy has\n")
     # the CPU run alone (the rehearsals' branch is test_platforms' and the slow test's)
     notebook = execute(with_settings(read(), QUICK), copy, kernel_env)
-    check_a_full_run(notebook, ["cpu"])
+    check_a_full_run(notebook, ["cpu"], copy)
     said = text(notebook)
+    assert "# a line that only this copy has" in "".join(
+        output.data["text/html"] for output in outputs(notebook, "text/html"))
     assert "[INFO] runtime: this machine, no GPU or TPU" in said
     assert "[INFO] this runtime has every package the scripts need" in said
     assert "naive" in said  # the matmul timing, the article's way beside the measured one
+    assert re.search(r"\[INFO\] cpu: about [0-9.]+ (s|min) on Colab's free CPU for 2 epoch", said)
     assert (copy / "outputs/notebook/cpu.json").is_file()
     assert any((copy / "outputs/notebook/logs/cpu").rglob("*tfevents*"))
     assert (copy / "outputs/notebook/comparison.png").is_file()
@@ -164,14 +223,15 @@ def test_the_notebook_runs_top_to_bottom_on_a_cpu(tmp_path, kernel_env):
 def test_the_notebook_as_committed_runs_on_a_cpu(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
     notebook = execute(read(), copy, kernel_env)
-    check_a_full_run(notebook, ["cpu", "gpu_rehearsal", "tpu_rehearsal"])
+    check_a_full_run(notebook, ["cpu", "tpu_rehearsal"], copy)
 
 
 def test_its_cells_can_run_again_and_the_kernel_never_loads_tensorflow(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
     notebook = with_settings(read(), "import sys")
     # what a reader does who runs the first cells, then runs them again
-    cells = ["settings", "injected", "get-the-code", "runtime"] * 2
+    cells = ["settings", "injected", "get-the-code", "runtime"] * 2 + [
+        "project-structure", "distribute", "data", "losses", "model"]
     notebook.cells.append(nbformat.v4.new_code_cell("print('tensorflow' in sys.modules)",
                                                     id="tensorflow-loaded"))
     execute(notebook, copy, kernel_env, cells + ["tensorflow-loaded"])
@@ -215,3 +275,193 @@ def test_a_clone_that_fails_is_one_line_and_one_that_works_is_used(tmp_path, ker
     assert [output for output in outputs(notebook) if output.output_type == "error"] == []
     assert f"[INFO] the code is in {alone / 'published'}" in text(notebook)
     assert (alone / "published" / "train_tpu.py").is_file()
+
+
+# --- what the notebook shows, without running it ----------------------------------------------
+
+from pyimagesearch.platforms import notebook as driver  # noqa: E402
+from pyimagesearch.platforms.host import Host  # noqa: E402
+
+CPU_HOST = Host("colab", 0, 0, "")
+SCRIPT = '''"""A script."""
+import sys  # +
+from pyimagesearch import config
+args = parse(sys.argv)  # + the flags, checked
+# + a run resumed in mid-epoch
+# + trains the rest of that epoch first
+x = finish(args)  # +
+y = more(x)  # +
+model.fit(trainDs, epochs=config.EPOCHS)  # the article's, "# +" in a string
+'''
+
+
+def test_a_listing_is_the_script_as_it_is_now_with_its_marked_lines_grey(tmp_path):
+    script = tmp_path / "train_x.py"
+    script.write_text(SCRIPT)
+    shown = driver.listing_html(driver.script_lines(script), "train_x.py")
+    assert 'import sys  # +' in shown and "from pyimagesearch import config" in shown
+    # unmarked lines in plain colours (the comment green), marked ones grey, 4 in a row folded
+    grey = f'<span style="{driver.DIMMED}">'
+    assert f"{grey}import sys  # +</span>" in shown
+    folded = shown.split("<details>")[1].split("</details>")[0]  # 4 or more in a row
+    assert "lines 4-8: 5 lines marked # +</summary>" in folded
+    assert f"{grey}args = parse(sys.argv)  # + the flags, checked</span>" in folded
+    assert f"{grey}y = more(x)  # +</span>" in folded and "import sys" not in folded
+    assert f"{grey}from pyimagesearch import config" not in shown
+    assert ("model.fit(trainDs, epochs=config.EPOCHS)  <span style=\"color:#2e7d32\"># the "
+            "article&#x27;s, &quot;# +&quot; in a string</span>") in shown
+
+    script.write_text(SCRIPT.replace("epochs=config.EPOCHS", "epochs=config.EPOCHS * 2"))
+    changed = driver.listing_html(driver.script_lines(script), "train_x.py")
+    assert "epochs=config.EPOCHS * 2" in changed and "epochs=config.EPOCHS)" not in changed
+
+
+def test_a_definition_is_shown_from_its_file_and_a_missing_one_is_one_line(tmp_path):
+    module = tmp_path / "loss.py"
+    module.write_text('import keras\n\n\n@keras.saving.register\nclass MSELoss:\n    pass\n\n'
+                      'def other():\n    pass\n')
+    assert driver.script_lines(module, "MSELoss") == [
+        (4, "@keras.saving.register"), (5, "class MSELoss:"), (6, "    pass")]
+    with pytest.raises(driver.NotebookStop, match="loss.py defines no get_data"):
+        driver.script_lines(module, "get_data")
+    assert driver.script_lines(REPO / "pyimagesearch/loss.py", "MSELoss")[0][1] \
+        .startswith("@keras.saving")
+
+
+def test_the_scripts_differ_in_their_strategy_lines(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, raw=False: shown.append(data))
+    driver.show_differences(repo=REPO)
+    own = {data["text/html"].split("</b>")[0]: data["text/plain"] for data in shown}
+    assert len(own) == 3
+    tpu = next(plain for title, plain in own.items() if "train_tpu.py" in title)
+    assert "TPUStrategy" in tpu
+    gpu = next(plain for title, plain in own.items() if "train_gpu.py" in title)
+    assert "MirroredStrategy" in gpu and "TPUStrategy" not in gpu
+
+
+def test_the_project_structure_lists_the_articles_files_first(monkeypatch):
+    shown = []
+    monkeypatch.setattr(driver, "_display_markdown", shown.append)
+    driver.project_structure(REPO)
+    rows = shown[0].splitlines()
+    names = [row.split("`")[1] for row in rows[2:] if row.startswith("| `")]
+    assert names[:7] == ["train_cpu.py", "train_gpu.py", "train_tpu.py",
+                         "pyimagesearch/autoencoder.py", "pyimagesearch/config.py",
+                         "pyimagesearch/data.py", "pyimagesearch/loss.py"]
+    assert rows[9] == "| *beyond the article* | |" and "compare.py" in names[7:]
+    assert "| `pyimagesearch/loss.py` | The article's loss:" in shown[0]
+
+
+def _matmul(folder, name, naive, median, rehearsal=False):
+    (folder / "benchmarks").mkdir(exist_ok=True)
+    (folder / "benchmarks" / name).write_text(json.dumps(
+        {"device_name": "Tesla T4", "rehearsal": rehearsal, "naive_seconds": naive,
+         "seconds": {"median": median}}))
+
+
+def test_the_matmul_table_puts_the_runs_records_beside_the_articles_timings(tmp_path):
+    assert driver.matmul_table(tmp_path, reference=None).splitlines()[2:] == [
+        "| the article: CPU | 0.79 | | its listing |",
+        "| the article: GPU | 0.000436 | | its listing |",
+        "| the article: TPU (8 cores) | 0.06 | | its listing |"]
+    _matmul(tmp_path, "matmul_gpu.json", 0.000512, 0.0123)
+    (tmp_path / "benchmarks" / "matmul_cpu.json").write_text("{")
+    rows = driver.matmul_table(tmp_path, repo=REPO).splitlines()
+    assert rows[2].startswith("| Intel(R) Xeon(R) Processor, 2 CPUs | 2.43958 | 0.489311 | "
+                              "`outputs/quoted/benchmarks/matmul_cpu.json`, this repository")
+    assert rows[3] == "| matmul_cpu.json | | | unreadable: skipped |"
+    assert rows[4] == "| Tesla T4 | 0.000512 | 0.0123 | matmul_gpu.json in the runs folder |"
+    assert len(rows) == 8
+
+
+@pytest.mark.parametrize("host, device, setting, timed", [
+    (CPU_HOST, "auto", "auto", False),  # the first Run all's budget on a CPU runtime
+    (CPU_HOST, "auto", True, True),
+    (Host("colab", 1, 0, ""), "auto", "auto", True),
+    (Host("colab", 0, 1, "v5e"), "auto", "auto", True),
+    (Host("colab", 0, 1, "v5e"), "auto", False, False),
+    (Host("colab", 1, 0, ""), "cpu", "auto", False),
+])
+def test_the_matmul_is_timed_on_a_gpu_or_tpu_and_on_a_cpu_when_asked(host, device, setting,
+                                                                      timed):
+    assert driver.matmul_wanted(host, device, setting) is timed
+
+
+def test_the_losses_numbers_come_from_the_committed_record(tmp_path):
+    table = driver.loss_scaling_rows(repo=REPO)
+    assert "| one SGD step with `MSELoss(scale=1)`, N=2, over the step on 1 device | 2.000 | " \
+           "1.000 |" in table
+    assert "over that with `scale=8`, N=8 | 8.000 |" in table
+    assert "over the true mean squared error, N=8 | 1.000 |" in table
+    (tmp_path / "listings.json").write_text(json.dumps(
+        {"keras_version": "3", "tensorflow_version": "2", "listings": {}}))
+    assert table.count("not measured") == 2  # tf.keras 2 was measured on 2 replicas only
+    assert driver.loss_scaling_rows(tmp_path / "listings.json").count("not measured") == 10
+
+
+@pytest.mark.parametrize("host, said", [
+    (Host("colab", 0, 1, "v5e"), "this TPU has 1 core(s), the article's had 8"),
+    (Host("kaggle", 0, 2, "v2"), "this TPU has 4 core(s), the article's had 8"),
+    (Host("kaggle", 0, 4, "v3"), ""),  # a v3-8: 8 cores
+    (Host("kaggle", 0, 8, "v5e"), ""),
+    (CPU_HOST, ""),
+])
+def test_a_tpu_with_fewer_than_8_cores_gets_one_line(host, said, capsys):
+    driver.say_tpu_cores(host)
+    out = capsys.readouterr().out
+    assert out.startswith("[INFO] " + said) if said else out == ""
+    if said:
+        assert out.count("\n") == 1 and "not run here" in out
+
+
+def test_rehearse_names_the_configurations_to_rehearse():
+    assert [run.name for run in driver.plan_runs(CPU_HOST, "auto", ["tpu"])] == [
+        "cpu", "tpu_rehearsal"]
+    assert [run.name for run in driver.plan_runs(CPU_HOST, "auto", ("tpu", "gpu"))] == [
+        "cpu", "gpu_rehearsal", "tpu_rehearsal"]
+    assert [run.name for run in driver.plan_runs(CPU_HOST, "auto", [])] == ["cpu"]
+    with pytest.raises(driver.NotebookStop, match=r"REHEARSE holds 'xpu'; it takes True"):
+        driver.plan_runs(CPU_HOST, "auto", ["xpu"])
+
+
+def test_an_estimate_scales_the_one_core_time_to_the_epochs_and_colab(tmp_path):
+    record = tmp_path / driver.ESTIMATES_RECORD
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"factor": 1.5, "runs": {"cpu": {
+        "seconds": 100, "epoch_seconds": [30, 20, 20]}}}))
+    cpu = driver.Run("cpu", ("train_cpu.py", "--epochs", "5"))
+    # 100 s for 3 epochs, 60 of them before the later epochs: 60 + 4 x 20 = 140, x 1.5
+    assert driver.estimate(cpu, CPU_HOST, tmp_path).startswith(
+        "cpu: about 3.5 min on Colab's free CPU for 5 epoch(s) (timed on one core here, "
+        "100 s for 3 epoch(s), x 1.50")
+    one = driver.Run("cpu", ("train_cpu.py", "--epochs=1", "--batch-size", "64"))
+    assert driver.estimate(one, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
+    assert driver.estimate(one, CPU_HOST, tmp_path).endswith("its other flags may change that")
+    rehearsal = driver.Run("tpu_rehearsal", ("train_tpu.py", "--rehearse", "8"))
+    assert "no measurement of it" in driver.estimate(rehearsal, CPU_HOST, tmp_path)
+    tpu = driver.Run("tpu", ("train_tpu.py", "--epochs", "2"))
+    assert driver.estimate(tpu, Host("colab", 0, 1, "v5e"), tmp_path).startswith(
+        "tpu: the article's 8 TPU cores trained 2 epoch(s) of this in about 10 s")
+
+
+def test_the_committed_timing_is_of_the_notebook_as_committed_and_within_five_minutes():
+    """The record of tools/time_notebook.py (docs/notebook.md): its runs are today's defaults."""
+    record = json.loads((REPO / driver.TIMING_RECORD).read_text())
+    settings = {}
+    exec(next(cell.source for cell in read().cells if cell.get("id") == "settings"), settings)
+    names = [run.name for run in driver.plan_runs(CPU_HOST, "auto", settings["REHEARSE"])]
+    assert list(record["runs"]) == names
+    for run in record["runs"].values():
+        assert len(run["epoch_seconds"]) == settings["EPOCHS"]
+    assert record["colab_free_cpu_estimate_seconds"] == pytest.approx(
+        record["notebook_seconds"] * 57 / statistics.mean(record["article_style_epoch_seconds"]),
+        abs=0.1)
+    assert record["colab_free_cpu_estimate_seconds"] <= 300
+
+
+def test_table_1_is_built_with_the_articles_rows(monkeypatch):
+    ran = []
+    monkeypatch.setattr(driver, "run_script", lambda argv, repo=".": ran.append(argv))
+    driver.compare("runs")
+    assert ran == [("compare.py", "runs", "--output-dir", "runs", "--with-article")]

@@ -6,20 +6,29 @@ training scripts need. So the kernel only reads the machine (host.py),
 installs what the runtime lacks, picks a folder that outlives the runtime,
 runs the scripts as processes and shows what they wrote.
 
-A failure stops the notebook with one line (`NotebookStop`): the script's
-own line where a script failed. Rerunning a cell is safe: every step
-checks what is already done, and the scripts write their outputs whole.
+Before each run it shows the lines the run executes, read from the script
+at that moment (`show_listing`: the lines marked `# +` grey or folded), and
+how long the run will take here (`estimate`). A failure stops the notebook
+with one line (`NotebookStop`): the script's own line where a script failed.
+Rerunning a cell is safe: every step checks what is already done, and the
+scripts write their outputs whole.
 """
+import ast
 import dataclasses
+import html
 import importlib.metadata
+import io
 import json
 import os
 import pathlib
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
+import tokenize
 
 from pyimagesearch.platforms import tpu_runtime
 from pyimagesearch.platforms.host import ROOT_ENV, detect
@@ -76,8 +85,8 @@ def plan_runs(host, device="auto", rehearse=True, flags=()):
     """The runs for this runtime: its own device's script, or rehearsals where it has none.
 
     - a TPU runtime: train_tpu.py; a GPU runtime: train_gpu.py;
-    - no accelerator: train_cpu.py, and with `rehearse` the GPU and TPU
-      configurations on logical CPU devices;
+    - no accelerator: train_cpu.py, and the configurations `rehearse` names
+      ("gpu", "tpu"; True: both, False: none) on logical CPU devices;
     - `device` "gpu" or "tpu" on a runtime without one: that device's
       rehearsal, with a line that says how to get the real one.
     """
@@ -85,9 +94,9 @@ def plan_runs(host, device="auto", rehearse=True, flags=()):
     wanted = host.accelerator if device == "auto" else device
     if wanted == "cpu":
         runs = [Run("cpu", ("train_cpu.py",) + flags)]
-        if rehearse and host.accelerator == "cpu":
+        if host.accelerator == "cpu":
             runs += [_rehearsal(kind, flags, "offered on a runtime without GPU or TPU")
-                     for kind in ("gpu", "tpu")]
+                     for kind in _rehearsed(rehearse)]
         return runs
     if wanted == host.accelerator:
         return [Run(wanted, (f"train_{wanted}.py",) + flags)]
@@ -96,6 +105,18 @@ def plan_runs(host, device="auto", rehearse=True, flags=()):
           f"({host.describe()}) has none: {how}, and run it again. Rehearsing the "
           f"{wanted.upper()} configuration on the CPU meanwhile.")
     return [_rehearsal(wanted, flags, f"no {wanted.upper()} on this runtime")]
+
+
+def _rehearsed(rehearse):
+    """The configurations REHEARSE names, in the article's order (GPU, then TPU)."""
+    if rehearse is True or rehearse is False or rehearse is None:
+        return tuple(REHEARSALS) if rehearse else ()
+    named = {rehearse} if isinstance(rehearse, str) else set(rehearse)
+    unknown = sorted(map(repr, named - set(REHEARSALS)))
+    if unknown:
+        raise NotebookStop(f"REHEARSE holds {', '.join(unknown)}; it takes True, False or a "
+                           f"list of {', '.join(map(repr, REHEARSALS))}")
+    return tuple(kind for kind in REHEARSALS if kind in named)
 
 
 def _rehearsal(kind, flags, reason):
@@ -435,19 +456,126 @@ def run_script(argv, repo="."):
     raise NotebookStop(last or f"python {' '.join(argv)} ended with exit status {status}")
 
 
-def train(runs, folder, repo="."):
-    """Each run in `runs`, writing its outputs to `folder` and its TensorBoard logs beneath."""
+def train(runs, folder, repo=".", host=None):
+    """Each run in `runs`: its code, how long it will take, the run itself, what it wrote.
+
+    Before a run, the listing of its script (`show_listing`) and an estimate
+    of its time on this runtime (`estimate`); while it runs, Keras' lines as
+    the script prints them (one an epoch, as into a log: its output is a
+    pipe); after, its figure and losses (`show_written`).
+    Its outputs go to `folder`, its TensorBoard logs beneath.
+    """
     for run in runs:
-        if run.reason:
-            print(f"[INFO] {run.name}: {run.reason}")
-        # the script logs into logs/<its run's name>/<its start>
+        _display_markdown(f"### {run.name}: `python {' '.join(run.argv)}`"
+                          + (f" ({run.reason})" if run.reason else ""))
+        show_listing(run.argv[0], repo)
+        if host is not None:
+            print("[INFO] " + estimate(run, host, repo), flush=True)
+        before = _run_records(folder)
+        start = time.monotonic()
         run_script(run.argv + ("--output-dir", folder,
+                               # the script logs into logs/<its run's name>/<its start>
                                "--logdir", os.path.join(folder, "logs")), repo)
+        print(f"[INFO] {run.name} took {time.monotonic() - start:.0f} s here", flush=True)
+        show_written(run, folder, before)
+
+
+def _run_records(folder):
+    """{path: modification time} of the run records in `folder`."""
+    return {path: path.stat().st_mtime_ns for path in pathlib.Path(folder).glob("*.json")}
+
+
+def _display_markdown(text):
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+# tools/time_notebook.py's records: the notebook as committed, and the one its estimates
+# use, taken while the machine's load stayed level (docs/notebook.md)
+TIMING_RECORD = "outputs/quoted/notebook/first_run.json"
+ESTIMATES_RECORD = "outputs/quoted/notebook/first_run_epochs_2.json"
+ARTICLE_EPOCHS = {"gpu": ("Tesla T4", 24, 4), "tpu": ("8 TPU cores", 8, 2)}  # its logs' seconds
+
+
+def _epochs(argv):
+    """The epochs that `argv` asks for: its --epochs, else the scripts' default."""
+    argv = list(argv)
+    for index, flag in enumerate(argv):
+        if flag == "--epochs" and index + 1 < len(argv):
+            return int(argv[index + 1])
+        if flag.startswith("--epochs="):
+            return int(flag.split("=", 1)[1])
+    from pyimagesearch import config  # imports nothing of TensorFlow
+
+    return config.EPOCHS
+
+
+def _duration(seconds):
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def estimate(run, host, repo="."):
+    """One line: about how long `run` will take on this runtime, and what the figure rests on.
+
+    On a CPU: the committed one-core measurement (tools/time_notebook.py),
+    scaled to Colab's free CPU by the article's 57 s CPU epoch over an
+    article-style epoch timed on that same core, and to `run`'s epochs. On
+    a GPU or TPU: the article's own epochs; nothing here has timed one.
+    """
+    try:
+        epochs = _epochs(run.argv)
+    except ValueError:  # the script will say what is wrong with it
+        return f"{run.name}: no estimate, its --epochs is not a number"
+    if run.name in ARTICLE_EPOCHS:  # a real GPU or TPU, not a rehearsal
+        where, first, later = ARTICLE_EPOCHS[run.name]
+        return (f"{run.name}: the article's {where} trained {epochs} epoch(s) of this in about "
+                f"{first + later * (epochs - 1)} s (its log); start-up (TensorFlow, the data, "
+                f"compiling) comes on top, and has not been timed on a real {run.name.upper()}")
+    try:
+        measured = json.loads(pathlib.Path(repo, ESTIMATES_RECORD).read_text())
+        entry = measured["runs"][run.name]
+        times = entry["epoch_seconds"]
+        later = times[1:] or times
+        one_core = entry["seconds"] - sum(times[1:]) + (epochs - 1) * sum(later) / len(later)
+        factor = measured["factor"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return (f"{run.name}: no measurement of it in {ESTIMATES_RECORD} to estimate its "
+                "time from")
+    return (f"{run.name}: about {_duration(one_core * factor)} on Colab's free CPU for "
+            f"{epochs} epoch(s) (timed on one core here, {entry['seconds']:.0f} s for "
+            f"{len(times)} epoch(s), x {factor:.2f}: docs/notebook.md)"
+            + ("; its other flags may change that" if _more_flags(run.argv) else ""))
+
+
+def _more_flags(argv):
+    """Whether `argv` holds flags beyond --rehearse N and --epochs N."""
+    rest, skip = [], False
+    for flag in argv[1:]:
+        if skip:
+            skip = False
+        elif flag in ("--rehearse", "--epochs"):
+            skip = True
+        elif not flag.startswith("--epochs="):
+            rest.append(flag)
+    return bool(rest)
 
 
 def matmul_device(host, device="auto"):
     """The device the matmul is timed on: the runtime's, unless the notebook trains elsewhere."""
     return host.accelerator if device in ("auto", host.accelerator) else "cpu"
+
+
+def matmul_wanted(host, device="auto", setting="auto"):
+    """Whether to time the matmul here: TIME_MATMUL, "auto" on a GPU or TPU only.
+
+    On a CPU runtime it is the first Run all's dearest minute after the
+    training (TensorFlow's start and a 1 GiB operand), and the table shows
+    this repository's CPU record beside the article's instead.
+    """
+    if setting == "auto":
+        return matmul_device(host, device) != "cpu"
+    return bool(setting)
 
 
 def time_matmul(device, folder, repo="."):
@@ -464,8 +592,285 @@ def time_matmul(device, folder, repo="."):
 
 
 def compare(folder, repo="."):
-    """Table 1 and comparison.png from every run kept in `folder`."""
-    run_script(("compare.py", folder, "--output-dir", folder), repo)
+    """Table 1 (the article's rows below the reader's) and comparison.png, from `folder`."""
+    run_script(("compare.py", folder, "--output-dir", folder, "--with-article"), repo)
+
+
+# --- showing the code a run executes --------------------------------------------------
+
+# a "# +" comment marks a line that goes beyond the article (the scripts' docstrings say so)
+MARKED = re.compile(r"#\s?\+(\s|$)")
+FOLD_FROM = 4  # so many marked lines in a row are folded into one line that opens them
+DIMMED = "color:#9e9e9e"
+COMMENT = "color:#2e7d32"  # the article's comments, and the reasons of its departures
+
+
+def is_marked(line):
+    """Whether a script's line goes beyond the article: it holds a `# +` comment."""
+    return MARKED.search(line) is not None
+
+
+def script_lines(path, name=None):
+    """[(number, line)] of the file at `path` as it is now: all, or definition `name`'s.
+
+    Read when called, so the notebook shows what the script holds when it
+    runs, never a copy. `name` is a top-level function or class (with its
+    decorators), found with `ast`.
+    """
+    text = pathlib.Path(path).read_text()
+    lines = text.splitlines()
+    if name is None:
+        return list(enumerate(lines, start=1))
+    for node in ast.parse(text).body:
+        if getattr(node, "name", None) == name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return [(n, lines[n - 1]) for n in range(first, node.end_lineno + 1)]
+    raise NotebookStop(f"{path} defines no {name}; is the repository whole?")
+
+
+def _html_line(number, line, dimmed):
+    """One line of a listing, numbered; its comment green, or all of it grey where marked."""
+    if dimmed:
+        body = f'<span style="{DIMMED}">{html.escape(line)}</span>'
+    else:
+        code, comment = _split_comment(line)
+        body = html.escape(code) + (f'<span style="{COMMENT}">{html.escape(comment)}</span>'
+                                    if comment else "")
+    return f'<span style="{DIMMED}">{number:4d}</span>  {body}'
+
+
+def _split_comment(line):
+    """(code, comment) of one line of Python; the comment found by tokenize, not by '#'."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if token.type == tokenize.COMMENT:
+                at = line.index(token.string)
+                return line[:at], line[at:]
+    except (tokenize.TokenError, IndentationError, SyntaxError, ValueError):
+        pass  # a line of a longer statement or string: '#' is a comment if it starts one
+    stripped = line.lstrip()
+    return (line, "") if not stripped.startswith("#") else (line[:len(line) - len(stripped)],
+                                                            stripped)
+
+
+def listing_html(numbered, title):
+    """The lines as HTML: marked lines grey, long runs of them folded in a <details>."""
+    pre = '<pre style="margin:0;line-height:1.35;font-size:90%">'
+    parts = [f"<p><b>{html.escape(title)}</b> "
+             f'<span style="{DIMMED}">(grey: the lines marked <code># +</code>, beyond the '
+             "article; click a folded group to open it)</span></p>", pre]
+    index = 0
+    while index < len(numbered):
+        end = index
+        while end < len(numbered) and is_marked(numbered[end][1]):
+            end += 1
+        group = numbered[index:end]
+        if len(group) >= FOLD_FROM:
+            parts.append("</pre><details><summary style=\"" + DIMMED + "\">"
+                         f"lines {group[0][0]}-{group[-1][0]}: {len(group)} lines marked # +"
+                         f"</summary>{pre}"
+                         + "\n".join(_html_line(n, line, True) for n, line in group)
+                         + "</pre></details>" + pre)
+            index = end
+        elif group:
+            parts.append("\n".join(_html_line(n, line, True) for n, line in group) + "\n")
+            index = end
+        else:
+            number, line = numbered[index]
+            parts.append(_html_line(number, line, False) + "\n")
+            index += 1
+    parts.append("</pre>")
+    return "".join(parts).replace(pre + "</pre>", "")
+
+
+def show_listing(path, repo=".", name=None):
+    """Show the lines of `path` (a script, or definition `name` in it) as they are on disk now."""
+    from IPython.display import display
+
+    numbered = script_lines(os.path.join(repo, path), name)
+    title = f"{path}" + (f": {name}" if name else "") + f", as it is now ({len(numbered)} lines)"
+    display({"text/html": listing_html(numbered, title),
+             "text/plain": "\n".join(f"{n:4d}  {line}" for n, line in numbered)}, raw=True)
+
+
+def _code_lines(path):
+    """{code: (number, line)} of the unmarked code lines of a script, comments dropped."""
+    text = pathlib.Path(path).read_text()
+    lines = text.splitlines()
+    skip = set()
+    for node in ast.walk(ast.parse(text)):  # docstrings are prose, not code
+        if isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None),
+                                                     ast.Constant) \
+                and isinstance(node.value.value, str):
+            skip.update(range(node.lineno, node.end_lineno + 1))
+    found = {}
+    for number, line in enumerate(lines, start=1):
+        if number in skip or is_marked(line):
+            continue
+        code = _split_comment(line)[0].strip()
+        if code:
+            found.setdefault(code, (number, line))
+    return found
+
+
+def show_differences(scripts=("train_cpu.py", "train_gpu.py", "train_tpu.py"), repo="."):
+    """Each script's unmarked code lines that the other scripts do not have: the strategy."""
+    codes = {script: _code_lines(os.path.join(repo, script)) for script in scripts}
+    for script, lines in codes.items():
+        others = set().union(*(set(codes[other]) for other in scripts if other != script))
+        own = sorted(lines[code] for code in set(lines) - others)
+        from IPython.display import display
+
+        title = f"{script}: its {len(own)} lines of code that the other scripts lack"
+        display({"text/html": listing_html(own, title),
+                 "text/plain": "\n".join(f"{n:4d}  {line}" for n, line in own)}, raw=True)
+
+
+def project_structure(repo="."):
+    """The article's files, then what the repository adds, each with its docstring's first line."""
+    root = pathlib.Path(repo)
+    article = ["train_cpu.py", "train_gpu.py", "train_tpu.py", "pyimagesearch/autoencoder.py",
+               "pyimagesearch/config.py", "pyimagesearch/data.py", "pyimagesearch/loss.py"]
+    added = sorted({str(path.relative_to(root)) for pattern in ("*.py", "pyimagesearch/*.py",
+                                                                "tools/*.py")
+                    for path in root.glob(pattern)} - set(article)
+                   - {"pyimagesearch/__init__.py"})
+    rows = ["| file | what it holds (its docstring's first line) |", "| --- | --- |"]
+    rows += [f"| `{name}` | {_first_line(root / name)} |" for name in article]
+    rows.append("| *beyond the article* | |")
+    rows += [f"| `{name}` | {_first_line(root / name)} |" for name in added]
+    folders = sorted(path.name + "/" for path in (root / "pyimagesearch").iterdir()
+                     if (path / "__init__.py").is_file())
+    rows.append(f"| `pyimagesearch/{{{','.join(folders)}}}` | "
+                "the data sources, training machinery and platforms the scripts call |")
+    _display_markdown("\n".join(rows))
+
+
+def _first_line(path):
+    """The first line of a Python file's docstring, Markdown-safe; '' if it has none."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    except (OSError, SyntaxError):
+        return ""
+    return doc.strip().splitlines()[0].replace("|", "\\|") if doc.strip() else ""
+
+
+# --- the article's numbers beside the reader's -------------------------------------------
+
+ARTICLE_MATMUL = {"CPU": 0.79, "GPU": 0.000436, "TPU (8 cores)": 0.06}  # naive, its listings
+LISTINGS_RECORD = "outputs/quoted/listings/tf221.json"  # tools/check_listings.py's record
+MATMUL_RECORD = "outputs/quoted/benchmarks/matmul_cpu.json"  # tools/matmul_benchmark.py's
+
+
+def matmul_table(folder, article=ARTICLE_MATMUL, reference=MATMUL_RECORD, repo="."):
+    """The matmul records in `folder`/benchmarks beside the article's three timings.
+
+    `reference`, this repository's CPU record, comes first: a row of figures
+    measured the same way on a known machine.
+    """
+    rows = ["| where | naive: one call, timed as the article does (s) | measured: median, "
+            "warmed up, each call waited for (s) | from |", "| --- | --- | --- | --- |"]
+    paths = [(path, f"{path.name} in the runs folder")
+             for path in sorted(pathlib.Path(folder, "benchmarks").glob("matmul_*.json"))]
+    if reference:
+        paths.insert(0, (pathlib.Path(repo, reference),
+                         f"`{reference}`, this repository's machine"))
+    for path, source in paths:
+        try:
+            record = json.loads(path.read_text())
+            naive, median = record["naive_seconds"], record["seconds"]["median"]
+            where = record["device_name"] + (" (a rehearsal)" if record.get("rehearsal")
+                                             else "")
+        except (OSError, ValueError, KeyError, TypeError):
+            rows.append(f"| {path.name} | | | unreadable: skipped |")
+            continue
+        rows.append(f"| {where.replace('|', '/')} | {naive:.6g} | {median:.6g} | {source} |")
+    for where, seconds in article.items():
+        rows.append(f"| the article: {where} | {seconds:g} | | its listing |")
+    return "\n".join(rows)
+
+
+def show_matmul(folder, repo="."):
+    _display_markdown(matmul_table(folder, repo=repo))
+
+
+def say_tpu_cores(host):
+    """Print tpu_line(host), where there is one."""
+    line = tpu_line(host)
+    if line:
+        print(line)
+
+
+def tpu_cores(host):
+    """The TPU cores TensorFlow makes replicas of: 2 a chip on v2 and v3, 1 on later chips."""
+    return host.tpu_chips * (2 if host.tpu_generation in ("v2", "v3") else 1)
+
+
+def tpu_line(host, article_cores=8):
+    """One line where this TPU has fewer cores than the article's; '' otherwise."""
+    cores = tpu_cores(host)
+    if host.accelerator != "tpu" or cores >= article_cores:
+        return ""
+    return (f"[INFO] this TPU has {cores} core(s), the article's had {article_cores}: "
+            f"train_tpu.py runs {cores} replica(s), so the global batch of 1024 is split "
+            f"{cores} way(s), not {article_cores}; the article's {article_cores}-way data "
+            "parallelism (each core a 128-image share, the gradients summed across cores) is "
+            "not run here. The 58 steps per epoch and their blur are the same.")
+
+
+_RATIO = re.compile(r"(?:is|prints) ([0-9.]+) times")
+
+
+def loss_scaling_rows(path=LISTINGS_RECORD, repo="."):
+    """The Losses section's numbers, from tools/check_listings.py's record: a Markdown table."""
+    record = json.loads(pathlib.Path(repo, path).read_text())
+    listings = record["listings"]
+
+    def ratios(name):
+        line = listings.get(name, {}).get("last_line", "")
+        return _RATIO.findall(line)
+
+    keras3 = f"Keras {record['keras_version']} (TF {record['tensorflow_version']})"
+    rows = [f"| with N replicas | {keras3} | tf.keras 2 (`TF_USE_LEGACY_KERAS=1`) |",
+            "| --- | --- | --- |"]
+    step, step2 = (ratios("MSELoss_scale_1_update_on_2_replicas"),
+                   ratios("MSELoss_scale_1_update_on_2_replicas_tf_keras"))
+    rows.append("| one SGD step with `MSELoss(scale=1)`, N=2, over the step on 1 device | "
+                f"{_first(step)} | {_first(step2)} |")
+    for replicas in (2, 8):
+        new = ratios(f"MSELoss_printed_loss_on_{replicas}_replicas")
+        old = ratios(f"MSELoss_printed_loss_on_{replicas}_replicas_tf_keras")
+        rows.append(f"| `loss` fit prints with `scale=1` over that with `scale={replicas}`, "
+                    f"N={replicas} | {_first(new)} | {_first(old)} |")
+        rows.append(f"| `loss` fit prints with `scale={replicas}` over the true mean squared "
+                    f"error, N={replicas} | {_last(new)} | {_last(old)} |")
+    rows.append(f"\n*From `{path}`: `tools/check_listings.py` ran these listings as "
+                "processes, on logical CPU devices.*")
+    return "\n".join(rows)
+
+
+def _first(found):
+    return found[0] if found else "not measured"
+
+
+def _last(found):
+    return found[-1] if len(found) > 1 else "not measured"
+
+
+def show_loss_scaling(folder, repo=".", check=False):
+    """The Losses table: from the committed record, or (`check`) measured now, in processes.
+
+    Measured now, the record goes to `folder`/benchmarks/listings.json (about
+    a minute on a CPU: three listings, each a fresh Python with TensorFlow).
+    """
+    path = LISTINGS_RECORD
+    if check:
+        path = os.path.join(folder, "benchmarks", "listings.json")
+        run_script(("tools/check_listings.py", "--json", path, "--only",
+                    "MSELoss_scale_1_update_on_2_replicas",
+                    "MSELoss_printed_loss_on_2_replicas", "MSELoss_printed_loss_on_8_replicas"),
+                   repo)
+    _display_markdown(loss_scaling_rows(path, repo))
 
 
 # --- showing what the scripts wrote ------------------------------------------------------
@@ -479,45 +884,28 @@ def record_table(record):
     return "\n".join(rows)
 
 
-def written_by(run, folder):
-    """(path without suffix, record) of the latest run record in `folder` that `run` wrote.
+def show_written(run, folder, before=None):
+    """The figure and numbers of the record(s) `run` wrote in `folder` (new since `before`).
 
-    A script names its outputs after its flags and the runtime
-    (training/plan.py's run_name), so the notebook finds them by the command
-    in their records rather than by `run.name`.
+    The record's name is the script's choice (device, rehearsal, flags):
+    whatever the run wrote is shown, and its own name where it wrote none new.
     """
-    found = []
-    for name in os.listdir(folder):
-        if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)):
-            try:
-                with open(os.path.join(folder, name)) as handle:
-                    record = json.load(handle)
-            except (OSError, ValueError):
-                continue
-            command = record.get("command") if isinstance(record, dict) else None
-            command = command if isinstance(command, list) else None
-            # train() appends --output-dir FOLDER to the run's own flags
-            if command and command[:len(run.argv) + 2] == [*run.argv, "--output-dir", folder]:
-                found.append((str(record.get("started_at", "")), name[:-5], record))
-    if not found:
-        raise NotebookStop(f"{run.name} left no run record in {folder}")
-    _, stem, record = max(found)
-    return os.path.join(folder, stem), record
+    from IPython.display import Image, display
 
-
-def show_runs(runs, folder):
-    """Each run's figure and its record's numbers, inline."""
-    from IPython.display import Image, Markdown, display
-
-    for run in runs:
-        stem, record = written_by(run, folder)
-        display(Markdown(f"**{os.path.basename(stem)}**: {record['replicas']} replica(s), "
-                         f"global batch {record['global_batch_size']}, "
-                         f"{record['steps_per_epoch']} steps "
-                         f"per epoch, data: {record['data_source']}"
-                         + (" (a rehearsal on CPU devices)" if record["rehearsal"] else "")))
-        display(Markdown(record_table(record)))
-        display(Image(filename=stem + ".png", width=320))
+    written = [] if before is None else sorted(
+        path for path, stamp in _run_records(folder).items() if before.get(path) != stamp)
+    for path in written or [pathlib.Path(folder, run.name + ".json")]:
+        with open(path) as handle:
+            record = json.load(handle)
+        _display_markdown(
+            f"**{path.stem}**: {record['replicas']} replica(s), global batch "
+            f"{record['global_batch_size']}, {record['steps_per_epoch']} steps per epoch, "
+            f"data: {record['data_source']}"
+            + (" (a rehearsal on CPU devices)" if record["rehearsal"] else ""))
+        _display_markdown(record_table(record))
+        figure = path.with_suffix(".png")
+        if figure.is_file():
+            display(Image(filename=str(figure), width=320))
 
 
 def show_comparison(folder):

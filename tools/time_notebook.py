@@ -1,0 +1,190 @@
+"""How long the notebook's first Run all takes on Colab's free CPU, estimated from this machine.
+
+    python tools/time_notebook.py --json outputs/quoted/notebook/first_run.json
+    python tools/time_notebook.py --cpu 1 --json /tmp/first_run.json   # pinned to CPU 1
+
+Colab's free CPU runtime cannot be timed from here, so the estimate is a
+ratio (issue 32): the notebook as committed, run top to bottom through
+nbclient in a fresh copy of the repository, offline, pinned to one core
+(what `taskset -c 0` does: this process's affinity, inherited by the kernel
+and the scripts), times 57 s (the article's Colab CPU epoch) over the epoch
+of an article-style pipeline (tfds.load, a per-image map, shuffle, batch
+128, 60,000 images; `fit` with the article's model and loss) timed on that
+same core, before and after the notebook. A machine shared with other work
+slows both, so the ratio cancels part of the noise; the record keeps the
+load averages to say how much there was.
+
+The record holds each cell's seconds, each training run's seconds and
+epochs (the notebook prints "[INFO] NAME took N s here"), the two
+article-style epochs, the factor and the estimate. The notebook reads it to
+say, before each run, how long the run will take (notebook.estimate).
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
+# add the root so that pyimagesearch imports
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pyimagesearch import cli  # noqa: E402
+
+ARTICLE_CPU_EPOCH_S = 57  # the article's train_cpu.py log on Colab's CPU: epochs 2-5
+BUDGET_S = 300            # issue 32: the first Run all within 5 minutes on Colab's free CPU
+CELL_TIMEOUT_S = 2400     # a bound for a hang, as tests/test_notebook.py's
+TOOK = re.compile(r"^\[INFO\] (\S+) took (\d+) s here$", re.MULTILINE)
+ARTICLE_STYLE_EPOCH = """
+import sys
+sys.path.insert(0, {root!r})
+sys.argv = ["benchmark_pipeline.py"]
+from tools import benchmark_pipeline as bench
+from pyimagesearch import config, strategies
+strategies.cpu_only()
+dataset = bench.article_style_pipeline({data_dir!r}, config.BATCH_SIZE)
+print(bench.time_epoch(dataset, bench.FULL_EPOCH_STEPS))
+"""
+
+
+def fresh_copy(destination):
+    """The files git would commit, copied: what a reader's clone holds."""
+    import shutil
+
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def article_style_epoch(data_dir):
+    """Seconds of the second of two article-style epochs (468 steps of 128), in a fresh Python."""
+    code = ARTICLE_STYLE_EPOCH.format(root=str(ROOT), data_dir=str(data_dir))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    if done.returncode:
+        raise SystemExit("time_notebook.py: the article-style epoch failed: "
+                         + (done.stderr.strip().splitlines() or ["no output"])[-1])
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_notebook(copy, scratch):
+    """Run the notebook in `copy` as committed; ({cell id: seconds}, {run: seconds}, total)."""
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.read(copy / "notebook.ipynb", as_version=4)
+    env = dict(os.environ, TMPDIR=str(scratch),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                     resources={"metadata": {"path": str(copy)}})
+    cells = {}
+    start = time.monotonic()
+    with client.setup_kernel(env=env):
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type != "code":
+                continue
+            began = time.monotonic()
+            client.execute_cell(cell, index)
+            cells[cell.get("id", str(index))] = round(time.monotonic() - began, 1)
+            errors = [output for output in cell.outputs if output.output_type == "error"]
+            if errors:
+                raise SystemExit(f"time_notebook.py: cell {cell.get('id')} failed: "
+                                 + " ".join(errors[0].get("traceback", []))[-300:])
+    total = round(time.monotonic() - start, 1)
+    printed = "".join(output.get("text", "") for cell in notebook.cells
+                      if cell.cell_type == "code" for output in cell.outputs)
+    return cells, {name: int(seconds) for name, seconds in TOOK.findall(printed)}, total
+
+
+def run_records(folder, runs):
+    """{run: its record} for the notebook's runs ("cpu", "tpu_rehearsal", ...) in `folder`.
+
+    A record is matched by its device and whether it is a rehearsal, not by
+    its file name, which the scripts choose (it may carry the flags).
+    """
+    found = {}
+    for path in sorted(pathlib.Path(folder).glob("*.json")):
+        record = json.loads(path.read_text())
+        if "device" in record:
+            name = record["device"] + ("_rehearsal" if record.get("rehearsal") else "")
+            if name in runs:
+                found[name] = record
+    return found
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = cli.OneLineParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True, help="where the record goes")
+    parser.add_argument("--cpu", type=int, default=0,
+                        help="the one CPU to pin everything to (default %(default)s)")
+    args = parser.parse_args(argv)
+    cli.check_output_file(args.json)
+    if args.cpu not in os.sched_getaffinity(0):
+        parser.error(f"--cpu {args.cpu} is not one this process may use "
+                     f"({sorted(os.sched_getaffinity(0))})")
+    os.sched_setaffinity(0, {args.cpu})  # taskset -c CPU: inherited by every child
+    load = {"start": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = pathlib.Path(scratch)
+        data_dir = scratch / "tfds"
+        subprocess.run([sys.executable, "tools/prepare_mnist.py", "--data-dir", str(data_dir),
+                        "--stand-in"], cwd=ROOT, check=True, capture_output=True)
+        epochs = [article_style_epoch(data_dir)]
+        print(f"[INFO] article-style epoch, before: {epochs[0]:.1f} s", flush=True)
+        load["before_notebook"] = os.getloadavg()
+        copy = fresh_copy(scratch / "clone")
+        (scratch / "tmp").mkdir()
+        cells, runs, total = run_notebook(copy, scratch / "tmp")
+        print(f"[INFO] the notebook: {total:.0f} s; cells {cells}", flush=True)
+        load["after_notebook"] = os.getloadavg()
+        records = run_records(copy / "outputs/notebook", runs)
+        epochs.append(article_style_epoch(data_dir))
+        print(f"[INFO] article-style epoch, after: {epochs[1]:.1f} s", flush=True)
+        load["end"] = os.getloadavg()
+    epoch = statistics.mean(epochs)
+    factor = ARTICLE_CPU_EPOCH_S / epoch
+    record = {
+        "what": "notebook.ipynb as committed, top to bottom, offline, in a fresh copy, "
+                f"pinned to CPU {args.cpu}",
+        "cpu_model": next((line.split(":", 1)[1].strip() for line in
+                           pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                           if line.startswith("model name")), platform.processor()),
+        "cpus_on_the_machine": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "notebook_seconds": total,
+        "cells": cells,
+        "runs": {name: {"seconds": seconds,
+                        "epoch_seconds": records.get(name, {}).get("epoch_seconds", []),
+                        "steps_per_epoch": records.get(name, {}).get("steps_per_epoch")}
+                 for name, seconds in runs.items()},
+        "article_style_epoch_seconds": epochs,
+        "article_cpu_epoch_seconds": ARTICLE_CPU_EPOCH_S,
+        "factor": factor,
+        "colab_free_cpu_estimate_seconds": round(total * factor, 1),
+        "budget_seconds": BUDGET_S,
+        "load_average_1_5_15_min": load,
+        "command": ["tools/time_notebook.py", *argv],
+    }
+    print(f"[INFO] the notebook on one core: {total:.0f} s; an article-style epoch "
+          f"{epoch:.1f} s there; on Colab's free CPU about {total:.0f} x {ARTICLE_CPU_EPOCH_S}"
+          f" / {epoch:.1f} = {total * factor:.0f} s (the budget: {BUDGET_S} s)")
+    from pyimagesearch.training.publish import publish_json
+    publish_json(args.json, record)
+
+
+if __name__ == "__main__":
+    cli.run_main(main, sys.argv[1:])
