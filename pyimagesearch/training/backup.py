@@ -26,6 +26,7 @@ from pyimagesearch.training.cluster import check_workers_agree
 from pyimagesearch.training.errors import Preempted, UserError, first_line
 from pyimagesearch.training.files import (LOCK, join, read_json, scratch_folder, take_lock,
                                           write_json)
+from pyimagesearch.training.plan import default_settings, run_name
 from pyimagesearch.training.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
@@ -35,9 +36,15 @@ KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held unti
 
 
 def identity(plan):
-    """What a backup must match to be resumed: the same model trained the same way."""
+    """What a backup must match to be resumed: the same model trained the same way.
+
+    "run" is the script's run without its flags (cpu, tpu_rehearsal, with the
+    runtime): the settings that matter follow it one by one, and --epochs is
+    not among them, so a backup can be resumed to train on for more epochs.
+    """
     settings, source = plan.settings, plan.source
-    return {"run": plan.name, "model": AutoEncoder.__name__,
+    run = run_name(plan.device, default_settings(plan.device), plan.rehearsal, plan.runtime)
+    return {"run": run, "model": AutoEncoder.__name__,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
             "precision": settings.precision, "optimizer": settings.optimizer,
