@@ -39,6 +39,29 @@ with native_stderr_quiet():  # a machine without a GPU logs a failed cuInit here
     tf.config.set_visible_devices([], "GPU")
 
 
+def outputs_name(script_or_device, args=()):
+    """The stem a run of `script_or_device` with `args` names its outputs and logs with.
+
+    `script_or_device`: "train_gpu.py" (any path) or "gpu"; `args`: the
+    script's flags as typed (numbers may be ints). The name is the scripts'
+    own (plan.run_name: the device, `rehearsal`, each flag off the script's
+    defaults, the runtime's suffix), worked out from the flags as the script
+    parses them, without the side effects of cli.parse_args.
+    """
+    from pyimagesearch import cli
+    from pyimagesearch.training.plan import Settings, run_name
+
+    device = os.path.basename(str(script_or_device))
+    device = device.removeprefix("train_").removesuffix(".py")
+    parsed = cli.build_parser(device, "").parse_args([str(arg) for arg in args])
+    return run_name(device, Settings.from_args(parsed), bool(getattr(parsed, "rehearse", None)))
+
+
+def output_files(name):
+    """The figure, run record and model a run called `name` writes, sorted."""
+    return [f"{name}.json", f"{name}.keras", f"{name}.png"]
+
+
 @pytest.fixture
 def repo():
     """The repository root, for running the scripts as a reader would."""
@@ -81,14 +104,15 @@ class _RunsFolder(type(pathlib.Path())):
 
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory):
-    """A folder of three tiny real runs: cpu, gpu_rehearsal (2 devices), tpu_rehearsal (2).
+    """A folder of three tiny real runs: train_cpu.py, a gpu and a tpu rehearsal (2 devices).
 
     Their records, models and figures, made once for every test that reads
     run records (compare.py's), and once for both pytest-xdist processes (the
     first to ask makes them, under a lock; the other reads them): copy what a
     test changes. Each script runs as `python SCRIPT` runs it (runpy), with
     get_data, Model.fit and Model.predict wrapped before it starts:
-    `tiny_runs.calls[script]` counts what it called (tests/test_listing.py).
+    `tiny_runs.calls[script]` counts what it called (tests/test_listing.py),
+    `tiny_runs.names[script]` is the name of its outputs (cpu_epochs-2_...).
     """
     import fcntl
     import json
@@ -104,7 +128,16 @@ def tiny_runs(tmp_path_factory):
             folder.mkdir(exist_ok=True)
             counted.write_text(json.dumps(_tiny_runs_in(folder)))
     folder.calls = json.loads(counted.read_text())
+    folder.names = {script: outputs_name(script, TINY_RUN_FLAGS + flags)
+                    for script, flags in TINY_RUNS.items()}
     return folder
+
+
+# the tiny runs' flags: every script's, then each script's own
+TINY_RUN_FLAGS = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample"]
+TINY_RUNS = {"train_cpu.py": ["--batch-size", "32"],
+             "train_gpu.py": ["--batch-size", "32", "--rehearse", "2"],
+             "train_tpu.py": ["--batch-size", "64", "--rehearse", "2"]}
 
 
 def _tiny_runs_in(folder):
@@ -115,13 +148,9 @@ def _tiny_runs_in(folder):
 
     from pyimagesearch import data
 
-    tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample",
-            "--output-dir", str(folder)]
-    runs = {"train_cpu.py": ["--batch-size", "32"],
-            "train_gpu.py": ["--batch-size", "32", "--rehearse", "2"],
-            "train_tpu.py": ["--batch-size", "64", "--rehearse", "2"]}
+    tiny = TINY_RUN_FLAGS + ["--output-dir", str(folder)]
     counts = {}
-    for script, flags in runs.items():
+    for script, flags in TINY_RUNS.items():
         calls = counts[script] = {"get_data": 0, "fit": 0, "predict": 0}
 
         def counting(name, function, calls=calls):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import train_cpu
 import train_gpu
+from conftest import output_files, outputs_name
 from pyimagesearch import cli, outputs
 from pyimagesearch.training.errors import Preempted, UserError
 
@@ -21,23 +22,23 @@ TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
 
 
-def _earlier_outputs(folder):
+def _earlier_outputs(folder, names):
     folder.mkdir()
-    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+    for name in names:
         (folder / name).write_text(f"earlier {name}")
 
 
-def _untouched(folder):
-    return all((folder / name).read_text() == f"earlier {name}"
-               for name in ("cpu.png", "cpu.json", "cpu.keras"))
+def _untouched(folder, names):
+    return all((folder / name).read_text() == f"earlier {name}" for name in names)
 
 
 def test_a_diverged_run_stops_before_writing(tmp_path):
-    _earlier_outputs(tmp_path / "out")
+    args = TINY + ["--learning-rate", "1e300", "--output-dir", str(tmp_path / "out")]
+    names = output_files(outputs_name("cpu", args))  # what the run would replace
+    _earlier_outputs(tmp_path / "out", names)
     with pytest.raises(UserError, match="training diverged.*lower --learning-rate"):
-        train_cpu.main(TINY + ["--learning-rate", "1e300", "--output-dir",
-                               str(tmp_path / "out")])
-    assert _untouched(tmp_path / "out")
+        train_cpu.main(args)
+    assert _untouched(tmp_path / "out", names)
 
 
 def test_a_batch_larger_than_the_data_is_refused_before_training(tmp_path):
@@ -85,8 +86,9 @@ def test_sizes_that_take_the_machine_down_are_flag_errors(flags, complaint, caps
 
 def test_an_empty_tf_config_is_no_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "")
-    train_gpu.main(TINY + ["--rehearse", "1", "--output-dir", str(tmp_path)])
-    assert (tmp_path / "gpu_rehearsal.json").exists()
+    args = TINY + ["--rehearse", "1", "--output-dir", str(tmp_path)]
+    train_gpu.main(args)
+    assert (tmp_path / f"{outputs_name('gpu', args)}.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +183,9 @@ def test_a_rerun_after_a_failed_save_writes_the_trained_model(left_backup, tmp_p
     _, args = left_backup
     train_cpu.main(args)  # all epochs done: nothing to train, the backup is restored
     train_cpu.main(TINY + ["--output-dir", str(tmp_path / "uninterrupted")])
-    resumed = keras.saving.load_model(tmp_path / "out" / "cpu.keras").weights
-    uninterrupted = keras.saving.load_model(tmp_path / "uninterrupted" / "cpu.keras").weights
+    model = f"{outputs_name('cpu', TINY)}.keras"  # both runs have the same flags and name
+    resumed = keras.saving.load_model(tmp_path / "out" / model).weights
+    uninterrupted = keras.saving.load_model(tmp_path / "uninterrupted" / model).weights
     for a, b in zip(resumed, uninterrupted):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
@@ -347,22 +350,25 @@ class _Killed(BaseException):
     """Stands in for SIGKILL: nothing after it runs, no handler, no undo."""
 
 
-NAMES = ("cpu.png", "cpu.json", "cpu.keras")
+QUICK = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32", "--data-source",
+         "sample"]
+# the outputs of a run of QUICK (cpu_epochs-1_batch-size-32_...), which the runs below replace
+NAMES = tuple(f"{outputs_name('cpu', QUICK)}.{suffix}" for suffix in ("png", "json", "keras"))
 
 
-def _earlier(folder):
+def _earlier(folder, names=NAMES):
     folder.mkdir(parents=True, exist_ok=True)
-    for name in NAMES:
+    for name in names:
         (folder / name).write_text(f"earlier {name}")
 
 
-def _state(folder):
+def _state(folder, names=NAMES):
     """'old' or 'new' if the folder holds that whole set and nothing else; what it holds if not."""
     held = sorted(os.listdir(folder))
-    texts = {name: (folder / name).read_text() for name in NAMES if name in held}
-    if held == sorted(NAMES) and all(text == f"earlier {n}" for n, text in texts.items()):
+    texts = {name: (folder / name).read_text() for name in names if name in held}
+    if held == sorted(names) and all(text == f"earlier {n}" for n, text in texts.items()):
         return "old"
-    if held == sorted(NAMES) and all(text == f"new {n}" for n, text in texts.items()):
+    if held == sorted(names) and all(text == f"new {n}" for n, text in texts.items()):
         return "new"
     return held, texts
 
@@ -509,10 +515,6 @@ if mode == "exiting":
     atexit.register(os.kill, os.getpid(), signal.SIGTERM)
 """
 
-QUICK = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32", "--data-source",
-         "sample"]
-
-
 def _driven(repo, mode, out, *flags):
     import subprocess
     import sys
@@ -536,7 +538,7 @@ def test_a_run_killed_mid_swap_is_made_whole_by_the_next_run(repo, tmp_path, in_
     said = [line for line in again.stdout.splitlines() if "was stopped while" in line]
     assert len(said) == 1 and "set aside are back in place" in said[0]
     assert sorted(os.listdir(out)) == sorted(NAMES)  # its own new set, no leftovers
-    assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"
+    assert json.loads((out / NAMES[1]).read_text())["device"] == "cpu"
 
 
 # the default run sends signals at every step of a publish in this process ("term"),
@@ -557,7 +559,7 @@ def test_sigterm_during_or_after_the_swap_says_the_new_outputs_are_written(repo,
     assert "--backup-dir" not in errors[0]  # the outputs are written: nothing to resume
     assert "Traceback" not in done.stderr.replace("Exception ignored", "")
     assert sorted(os.listdir(out)) == sorted(NAMES)
-    assert json.loads((out / "cpu.json").read_text())["device"] == "cpu"  # the new set
+    assert json.loads((out / NAMES[1]).read_text())["device"] == "cpu"  # the new set
 
 
 @pytest.fixture
@@ -594,19 +596,19 @@ def _one_line(result):
 def test_a_full_backup_disk_is_one_line_and_keeps_the_last_backup(tiny_disk, in_process,
                                                                   tmp_path):
     disk = tiny_disk("disk", "64k")  # room for one checkpoint of the model, not two
-    _earlier(tmp_path / "out")
-    line = _one_line(in_process("train_cpu.py", *QUICK[:-4], "--epochs", "2",
-                                "--steps-per-epoch", "3", "--batch-size", "32",
-                                "--data-source", "sample", "--backup-every", "1",
-                                "--backup-dir", str(disk / "backup"),
-                                "--output-dir", str(tmp_path / "out")))
+    args = [*QUICK[:-4], "--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
+            "--data-source", "sample", "--backup-every", "1",
+            "--backup-dir", str(disk / "backup"), "--output-dir", str(tmp_path / "out")]
+    names = output_files(outputs_name("cpu", args))  # what the run would replace
+    _earlier(tmp_path / "out", names)
+    line = _one_line(in_process("train_cpu.py", *args))
     assert f"cannot save the backup in {disk / 'backup'}" in line
     assert "No space left on device" in line and "earlier outputs are untouched" in line
     from pyimagesearch.training.backup import saved_checkpoint
 
     step, _ = saved_checkpoint(str(disk / "backup"))
     assert step >= 1 and f"it holds the backup of {step:,} steps" in line  # what is there
-    assert _state(tmp_path / "out") == "old"
+    assert _state(tmp_path / "out", names) == "old"
     assert not list((disk / "backup" / "checkpoints").glob("checkpoint.tmp*"))
 
 
@@ -710,7 +712,8 @@ def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys,
     folder = tmp_path / "runs"
     folder.mkdir()
     for suffix in ("json", "keras"):
-        shutil.copy(tiny_runs / f"cpu.{suffix}", folder / f"cpu.{suffix}")
+        name = f"{tiny_runs.names['train_cpu.py']}.{suffix}"
+        shutil.copy(tiny_runs / name, folder / name)
     (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     os.mkfifo(folder / "piped.keras")  # loading it would wait for a writer for ever
     (folder / "piped.json").write_text(json.dumps(GOOD_RECORD))
@@ -787,7 +790,8 @@ def test_a_second_run_on_a_backup_folder_in_use_is_refused_and_a_dead_ones_taken
         other.kill()
         other.wait()
     train_cpu.main(args)  # that process is gone: its lock is taken over
-    assert (tmp_path / "out" / "cpu.json").exists() and not backup.exists()
+    assert (tmp_path / "out" / f"{outputs_name('cpu', args)}.json").exists()
+    assert not backup.exists()
 
 
 @pytest.mark.parametrize("flags, complaint", [
@@ -854,7 +858,7 @@ def test_a_file_size_limit_ends_the_run_in_one_line(repo, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "File too large" in lines[-1] and lines[-1].startswith("train_cpu.py: error: "), lines
-    assert not (tmp_path / "out" / "cpu.png").exists()
+    assert not list((tmp_path / "out").glob("*.png"))  # no figure, of any name
 
 
 def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
@@ -869,7 +873,7 @@ def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
         train_cpu.main(["--data-source", "tfds", "--data-dir", str(tmp_path / "tfds"),
                         "--epochs", "1", "--steps-per-epoch", "1",
                         "--output-dir", str(tmp_path / "out")])
-    assert not (tmp_path / "out" / "cpu.png").exists()
+    assert not list((tmp_path / "out").glob("*.png"))  # no figure, of any name
 
 
 # a run that has ended well, and a signal while its process ends: as the scripts

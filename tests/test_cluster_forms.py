@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import train_cpu
+from conftest import output_files, outputs_name
 from pyimagesearch.training import cluster as cluster_module
 from pyimagesearch.training import workarounds
 from pyimagesearch.training.cluster import Cluster, read_tf_config, wait_for_peers
@@ -25,6 +26,9 @@ from pyimagesearch.training.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
+# what train_gpu.py --rehearse 1 names the outputs and logs of ONE_SGD_STEP:
+# gpu_rehearsal_epochs-1_steps-per-epoch-1_data-source-sample_optimizer-sgd_learning-rate-0.5
+ONE_SGD_REHEARSAL = outputs_name("gpu", [*ONE_SGD_STEP, "--rehearse", "1"])
 
 # Runs inside the namespace: start one process per task with its TF_CONFIG,
 # wait for all (bounded), print {task: [status, output]} as JSON. A task's
@@ -117,20 +121,22 @@ def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
          "--backup-dir", str(tmp_path / "worker-backup"),
          "--logdir", str(tmp_path / "worker-logs")]])
     assert chief == worker == 0, chief_out[-2000:] + worker_out[-2000:]
-    record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
+    name = ONE_SGD_REHEARSAL
+    record = json.loads((tmp_path / "cluster" / f"{name}.json").read_text())
     assert (record["workers"], record["global_batch_size"]) == (2, 256)
     assert record["communication"] == "AUTO"  # a rehearsal: NCCL needs GPUs
-    assert sorted(os.listdir(tmp_path / "cluster")) == [
-        "gpu_rehearsal.json", "gpu_rehearsal.keras", "gpu_rehearsal.png"]
-    assert (tmp_path / "logs" / "gpu_rehearsal").is_dir()
+    assert sorted(os.listdir(tmp_path / "cluster")) == output_files(name)
+    assert os.listdir(tmp_path / "logs") == [name]
+    assert (tmp_path / "logs" / name).is_dir()
     assert not (tmp_path / "backup").exists()  # the finished run deleted it
     # only the chief writes: outputs, backups and logs
     for folder in ("worker", "worker-backup", "worker-logs"):
         assert not (tmp_path / folder).exists(), folder
     assert "worker 0 done; the chief writes the outputs" in worker_out
-    train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")])
-    for a, b in zip(_weights(tmp_path / "one" / "cpu.keras"),
-                    _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")):
+    one = ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")]
+    train_cpu.main(one)
+    for a, b in zip(_weights(tmp_path / "one" / f"{outputs_name('cpu', one)}.keras"),
+                    _weights(tmp_path / "cluster" / f"{name}.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
@@ -147,7 +153,8 @@ def test_a_cluster_of_one_and_an_evaluator(in_process, monkeypatch, tmp_path):
     (alone, alone_out), (evaluator, evaluator_out) = runs
     assert alone == 0, alone_out[-2000:]
     assert "cluster of 1 task" in alone_out
-    assert json.loads((tmp_path / "alone" / "gpu_rehearsal.json").read_text())["workers"] == 1
+    record = tmp_path / "alone" / f"{ONE_SGD_REHEARSAL}.json"
+    assert json.loads(record.read_text())["workers"] == 1
     assert evaluator == 0, evaluator_out[-2000:]
     assert "no evaluator is needed" in evaluator_out
     assert not (tmp_path / "evaluator").exists()
@@ -159,7 +166,7 @@ def test_master_is_the_chief(repo, tmp_path):
     results = _cluster(repo, [["master", *flags, "--output-dir", str(tmp_path / "master")],
                               ["worker", *flags, "--output-dir", str(tmp_path / "worker")]])
     assert [status for status, _ in results] == [0, 0], results[0][1][-2000:]
-    assert (tmp_path / "master" / "gpu_rehearsal.json").exists()
+    assert (tmp_path / "master" / f"{ONE_SGD_REHEARSAL}.json").exists()
     assert not (tmp_path / "worker").exists()
 
 
@@ -183,7 +190,7 @@ def test_workers_that_disagree_on_the_preemption_handler_all_stop_with_one_line(
             "'does nothing (Google Cloud CPU or TPU VM)' on chief 0 but 'acts' on worker 0",
             "'acts' on worker 0 but 'does nothing (Google Cloud CPU or TPU VM)' on chief 0"))
         assert "Traceback" not in output
-    assert not (tmp_path / "gpu_rehearsal.json").exists()
+    assert not list(tmp_path.glob("*.json"))  # no record, of any name
 
 
 # slow; the default suite checks the agreement with a stand-in store (test_multi_worker.py)
@@ -203,7 +210,7 @@ def test_workers_that_disagree_all_stop_with_one_line(repo, tmp_path, difference
         assert len(errors) == 1 and "the workers disagree" in errors[0], output[-2000:]
         assert "Traceback" not in output and "[driver] timed out" not in output
     assert named in results[0][1]
-    assert not (tmp_path / "gpu_rehearsal.json").exists()
+    assert not list(tmp_path.glob("*.json"))  # no record, of any name
 
 
 def test_train_cpu_refuses_a_cluster(in_process, monkeypatch, tmp_path):

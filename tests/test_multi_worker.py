@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import train_cpu
+from conftest import output_files, outputs_name
 from pyimagesearch.training.cluster import read_tf_config
 from pyimagesearch.training.errors import UserError
 
@@ -154,24 +155,26 @@ def _weights(path):
     pytest.param(2, 512, "42", marks=pytest.mark.slow)])
 def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch,
                                                    seed):
-    run = launch(2, ONE_SGD_STEP + ["--seed", seed, "--rehearse", str(devices),
-                                    "--output-dir", str(tmp_path / "cluster")])
+    flags = ONE_SGD_STEP + ["--seed", seed, "--rehearse", str(devices),
+                            "--output-dir", str(tmp_path / "cluster")]
+    run = launch(2, flags)
     status, err = run.finish()
     assert status == 0, "\n".join(run.lines[-20:]) + err
     assert not any(_alive(pid) for pid in run.pids.values())
-    record = json.loads((tmp_path / "cluster" / "gpu_rehearsal.json").read_text())
+    name = outputs_name("gpu", flags)  # gpu_rehearsal_epochs-1_..., with seed-0 for seed 0
+    record = json.loads((tmp_path / "cluster" / f"{name}.json").read_text())
     assert record["workers"] == 2 and record["replicas"] == 2 * devices
     assert record["global_batch_size"] == global_batch and record["loop"] == "custom"
     assert record["strategy"] == "MultiWorkerMirroredStrategy"
     # only the chief wrote; the other worker's copies went to a removed folder
-    assert sorted(os.listdir(tmp_path / "cluster")) == [
-        "gpu_rehearsal.json", "gpu_rehearsal.keras", "gpu_rehearsal.png"]
+    assert sorted(os.listdir(tmp_path / "cluster")) == output_files(name)
     assert any("worker 1 done; the chief writes" in line for line in run.lines)
 
-    train_cpu.main(ONE_SGD_STEP + ["--seed", seed, "--batch-size", str(global_batch),
-                                   "--output-dir", str(tmp_path / "one")])
-    one = _weights(tmp_path / "one" / "cpu.keras")
-    cluster = _weights(tmp_path / "cluster" / "gpu_rehearsal.keras")
+    alone = ONE_SGD_STEP + ["--seed", seed, "--batch-size", str(global_batch),
+                            "--output-dir", str(tmp_path / "one")]
+    train_cpu.main(alone)
+    one = _weights(tmp_path / "one" / f"{outputs_name('cpu', alone)}.keras")
+    cluster = _weights(tmp_path / "cluster" / f"{name}.keras")
     for a, b in zip(one, cluster):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
@@ -198,7 +201,7 @@ def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     assert not [line for line in said if re.match(r"\[worker 0\] [EW]\d{4} ", line)
                 or "Additional GRPC error" in line], said[-12:]
     assert not any(_alive(pid) for pid in run.pids.values())
-    assert not (tmp_path / "gpu_rehearsal.json").exists()
+    assert not list(tmp_path.glob("*.json"))  # no record, of any name
 
 
 def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
@@ -242,7 +245,7 @@ def test_a_restarted_cluster_resumes_from_its_backup(launch, tmp_path):
     assert sum("resuming from" in line and "2 of 4 epochs and 120 steps done" in line
                for line in again.lines) == 2  # both workers
     assert not any(re.search(r"Epoch [12]/4", line) for line in again.lines)
-    record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
+    record = json.loads((tmp_path / "out" / f"{outputs_name('gpu', flags)}.json").read_text())
     assert record["resumed_from_epoch"] == 2 and len(record["loss"]) == 4
     assert not (tmp_path / "backup").exists()
 
@@ -274,15 +277,16 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
     assert status == 0, "\n".join(again.lines[-20:]) + err
     assert sum(f"1 of 4 epochs and {steps[0]} steps done" in line
                for line in again.lines) == 2
-    record = json.loads((tmp_path / "out" / "gpu_rehearsal.json").read_text())
+    name = outputs_name("gpu", flags)  # gpu_rehearsal_epochs-4_steps-per-epoch-90_...
+    record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert record["resumed_from_step"] == steps[0] and len(record["val_loss"]) == 4
 
     # the same training in one process on two devices: exactly what the cluster is
     subprocess.run([sys.executable, "train_gpu.py", "--rehearse", "2", *flags[2:8],
                     "--output-dir", str(tmp_path / "one")], cwd=repo, check=True,
                    capture_output=True, timeout=300)
-    one = _weights(tmp_path / "one" / "gpu_rehearsal.keras")
-    for a, b in zip(one, _weights(tmp_path / "out" / "gpu_rehearsal.keras")):
+    one = _weights(tmp_path / "one" / f"{name}.keras")  # --rehearse is not in the name
+    for a, b in zip(one, _weights(tmp_path / "out" / f"{name}.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 

@@ -21,12 +21,14 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from conftest import outputs_name  # noqa: E402
 from time_notebook import fresh_copy  # noqa: E402  (tools/: the files git would commit, copied)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebook.ipynb"
 QUICK = ("REHEARSE = False\nEPOCHS = 2\nTIME_MATMUL = True\n"
          "TRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]")
+QUICK_FLAGS = ["--epochs", "2", "--steps-per-epoch", "4"]  # what QUICK's runs are given
 # a bound for a hang, not a speed: the cell that trains three runs took about 2 minutes on
 # the Intel machine of docs/machine.md, and 13 on a 2-core AMD EPYC VM on 2026-12-02 whose
 # TensorFlow spent half its time in the kernel (the whole test: 901 s, over the old 900)
@@ -214,8 +216,9 @@ def test_the_notebook_runs_top_to_bottom_on_a_cpu(tmp_path, kernel_env):
     assert "[INFO] this runtime has every package the scripts need" in said
     assert "naive" in said  # the matmul timing, the article's way beside the measured one
     assert re.search(r"\[INFO\] cpu: about [0-9.]+ (s|min) on Colab's free CPU for 2 epoch", said)
-    assert (copy / "outputs/notebook/cpu.json").is_file()
-    assert any((copy / "outputs/notebook/logs/cpu").rglob("*tfevents*"))
+    name = outputs_name("cpu", QUICK_FLAGS)  # cpu_epochs-2_steps-per-epoch-4
+    assert (copy / f"outputs/notebook/{name}.json").is_file()
+    assert any((copy / f"outputs/notebook/logs/{name}").rglob("*tfevents*"))
     assert (copy / "outputs/notebook/comparison.png").is_file()
 
 

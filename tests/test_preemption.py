@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import train_cpu
+from conftest import output_files, outputs_name
 from pyimagesearch.training.errors import Preempted
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
@@ -34,8 +35,9 @@ class Uninterrupted(dict):
         self.folder = folder
 
     def __missing__(self, loop):
-        train_cpu.main(SHORT + ["--loop", loop, "--output-dir", str(self.folder / loop)])
-        self[loop] = _weights(self.folder / loop / "cpu.keras")
+        args = SHORT + ["--loop", loop, "--output-dir", str(self.folder / loop)]
+        train_cpu.main(args)
+        self[loop] = _weights(self.folder / loop / f"{outputs_name('cpu', args)}.keras")
         return self[loop]
 
 
@@ -86,12 +88,13 @@ def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_d
 
     again = in_process("train_cpu.py", *args)  # the same command, here: no signal now
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    name = outputs_name("cpu", args)
+    record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     saved = int(re.search(r"after (\d+) steps", errors[0]).group(1))
     assert record["resumed_from_step"] == saved and saved > 60  # past epoch 1's end
     assert record["resumed_from_epoch"] == saved // 60
     assert len(record["loss"]) == len(record["val_loss"]) == 4
-    _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
+    _assert_same_weights(_weights(tmp_path / "out" / f"{name}.keras"), uninterrupted[loop])
 
 
 @pytest.mark.tf_versions
@@ -105,9 +108,10 @@ def test_a_run_killed_in_epoch_3_resumes_to_the_uninterrupted_weights(
     assert status == -signal.SIGKILL, output
     again = in_process("train_cpu.py", *args)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    record = json.loads((tmp_path / "out" / "cpu.json").read_text())
+    name = outputs_name("cpu", args)
+    record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     assert (record["resumed_from_epoch"], record["resumed_from_step"]) == (2, 120)
-    _assert_same_weights(_weights(tmp_path / "out" / "cpu.keras"), uninterrupted[loop])
+    _assert_same_weights(_weights(tmp_path / "out" / f"{name}.keras"), uninterrupted[loop])
 
 
 @pytest.mark.parametrize("how", ["raised", "wrapped", "dropped"])
@@ -169,7 +173,8 @@ def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
         repo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+    earlier = output_files(outputs_name("cpu", SHORT))  # what the run would replace
+    for name in earlier:
         (out / name).write_text(f"earlier {name}")
     status, output = _stopped_at(repo, SHORT + ["--output-dir", str(out)], "Epoch 2/4",
                                  signal.SIGTERM)
@@ -177,6 +182,6 @@ def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
     errors = [line for line in output.splitlines() if "error" in line]
     assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], output
     assert "Traceback" not in output
-    for name in ("cpu.png", "cpu.json", "cpu.keras"):
+    for name in earlier:
         assert (out / name).read_text() == f"earlier {name}"
-    assert sorted(os.listdir(out)) == ["cpu.json", "cpu.keras", "cpu.png"]
+    assert sorted(os.listdir(out)) == earlier

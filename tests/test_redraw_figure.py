@@ -8,14 +8,21 @@ import redraw_figure
 
 
 @pytest.fixture
-def saved_run(tiny_runs, tmp_path):
+def name(tiny_runs):
+    """The tiny cpu run's name: cpu_epochs-2_batch-size-32_steps-per-epoch-2_data-source-sample."""
+    return tiny_runs.names["train_cpu.py"]
+
+
+@pytest.fixture
+def saved_run(tiny_runs, tmp_path, name):
     """A copy of the tiny cpu run's record and model (the fixture's folder is shared)."""
     for suffix in ("json", "keras"):
-        shutil.copy(tiny_runs / f"cpu.{suffix}", tmp_path / f"cpu.{suffix}")
+        shutil.copy(tiny_runs / f"{name}.{suffix}", tmp_path / f"{name}.{suffix}")
     return tmp_path
 
 
-def test_the_redrawn_figure_is_the_scripts_own(saved_run, tiny_runs, in_process, monkeypatch):
+def test_the_redrawn_figure_is_the_scripts_own(saved_run, tiny_runs, name, in_process,
+                                               monkeypatch):
     titles = []
 
     def drawing(record, images, predicted, draw=redraw_figure.draw):
@@ -24,31 +31,32 @@ def test_the_redrawn_figure_is_the_scripts_own(saved_run, tiny_runs, in_process,
         return fig
 
     monkeypatch.setattr(redraw_figure, "draw", drawing)
-    (saved_run / "cpu.png").write_bytes(b"an old figure")  # replaced whole
-    result = in_process("tools/redraw_figure.py", str(saved_run / "cpu.json"))
+    (saved_run / f"{name}.png").write_bytes(b"an old figure")  # replaced whole
+    result = in_process("tools/redraw_figure.py", str(saved_run / f"{name}.json"))
     assert result.returncode == 0, result.stderr
-    redrawn = (saved_run / "cpu.png").read_bytes()
+    redrawn = (saved_run / f"{name}.png").read_bytes()
     # the same digits, predictions, layout and title: the very bytes train_cpu.py wrote
-    assert redrawn == (tiny_runs / "cpu.png").read_bytes()
-    assert titles[0].splitlines()[0].startswith("cpu: val_loss ")
+    assert redrawn == (tiny_runs / f"{name}.png").read_bytes()
+    assert titles[0].splitlines()[0].startswith(f"{name}: val_loss ")
     assert titles[0].splitlines()[2] == "digits 0-7 of the 5,000-digit sample, not MNIST"
-    assert sorted(p.name for p in saved_run.iterdir()) == ["cpu.json", "cpu.keras", "cpu.png"]
+    assert sorted(p.name for p in saved_run.iterdir()) == [
+        f"{name}.json", f"{name}.keras", f"{name}.png"]
 
 
 @pytest.mark.parametrize("case", ["missing model", "missing record", "not a record"])
-def test_bad_input_is_one_line_and_exit_2(saved_run, in_process, case):
-    record, out = saved_run / "cpu.json", saved_run / "cpu.png"
+def test_bad_input_is_one_line_and_exit_2(saved_run, name, in_process, case):
+    record, out = saved_run / f"{name}.json", saved_run / f"{name}.png"
     out.write_bytes(b"an earlier figure")
     if case == "missing model":
-        (saved_run / "cpu.keras").unlink()
+        (saved_run / f"{name}.keras").unlink()
     elif case == "missing record":
         record.unlink()
     else:
-        record.write_text(json.dumps({"name": "cpu"}))
+        record.write_text(json.dumps({"name": name}))
     result = in_process("tools/redraw_figure.py", str(record))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("redraw_figure.py: error: ")
-    assert {"missing model": "cpu.keras not found", "missing record": "cpu.json not found",
+    assert {"missing model": f"{name}.keras not found", "missing record": f"{name}.json not found",
             "not a record": "is not a run record (no data_source"}[case] in lines[0]
     assert out.read_bytes() == b"an earlier figure"  # untouched
