@@ -61,7 +61,7 @@ def test_a_backup_of_another_run_is_refused(tmp_path):
     backup = tmp_path / "backup"
     backup.mkdir()
     (backup / "run.json").write_text(json.dumps({
-        "run": "cpu_epochs-2_batch-size-32_steps-per-epoch-2_data-source-sample",
+        "run": "cpu",  # a backup's run is the script's, without its flags (backup.identity)
         "model": "AutoEncoder", "global_batch_size": 64, "replicas": 1,
         "steps_per_epoch": 2, "loop": "fit", "optimizer": "adam", "data_source": "sample",
         "precision": "float32", "learning_rate": 0.001, "data_dir": None, "seed": 42,

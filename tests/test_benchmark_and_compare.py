@@ -202,6 +202,11 @@ def test_run_names_are_stable_safe_and_keep_the_articles_for_the_defaults():
     # learning rates that differ in the fourth digit are different runs
     assert run_name("cpu", Settings(learning_rate=0.0011), runtime="cpu") != \
         run_name("cpu", Settings(learning_rate=0.001100001), runtime="cpu")
+    # the largest and smallest rates the flag takes are two runs, not one
+    assert run_name("cpu", Settings(learning_rate=1e300), runtime="cpu") == \
+        "cpu_learning-rate-1e300"
+    assert run_name("cpu", Settings(learning_rate=1e-300), runtime="cpu") == \
+        "cpu_learning-rate-1e-300"
     many = Settings(epochs=1, batch_size=7, steps_per_epoch=3, data_source="tfrecord",
                     seed=-5, optimizer="sgd", learning_rate=1e-05, lr_scaling="sqrt",
                     loop="custom", precision="mixed_bfloat16", jit_compile=True,

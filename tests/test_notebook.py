@@ -239,7 +239,9 @@ def test_its_cells_can_run_again_and_the_kernel_never_loads_tensorflow(tmp_path,
                                                     id="tensorflow-loaded"))
     execute(notebook, copy, kernel_env, cells + ["tensorflow-loaded"])
     assert [output for output in outputs(notebook) if output.output_type == "error"] == []
-    assert notebook.cells[-1].outputs[0].text == "False\n"
+    # the kernel may send one print in more than one stream message
+    assert "".join(output.text for output in notebook.cells[-1].outputs
+                   if output.output_type == "stream") == "False\n"
     assert text(notebook).count(f"[INFO] the code is in {copy}") == 1  # the last run's cell
 
 

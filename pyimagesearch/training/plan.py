@@ -336,7 +336,8 @@ def run_name(device, settings, rehearsal=False, runtime=None):
     """
     stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
     parts = [stem] + (["rehearsal"] if rehearsal else [])
-    parts += [flag if value is None else f"{flag}-{value}"
+    # an exponent's "+" is dropped, not made "-": 1e+300 and 1e-300 stay apart
+    parts += [flag if value is None else f"{flag}-{str(value).replace('+', '')}"
               for flag, value in _differences(device, settings)]
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
         device == "cpu" or rehearsal, runtime)
