@@ -443,6 +443,9 @@ def test_an_estimate_scales_the_one_core_time_to_the_epochs_and_colab(tmp_path):
     one = driver.Run("cpu", ("train_cpu.py", "--epochs=1", "--batch-size", "64"))
     assert driver.estimate(one, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
     assert driver.estimate(one, CPU_HOST, tmp_path).endswith("its other flags may change that")
+    # TRAIN_FLAGS come after the notebook's --epochs: the script trains the last one given
+    again = driver.Run("cpu", ("train_cpu.py", "--epochs", "5", "--epochs=1"))
+    assert driver.estimate(again, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
     rehearsal = driver.Run("tpu_rehearsal", ("train_tpu.py", "--rehearse", "8"))
     assert "no measurement of it" in driver.estimate(rehearsal, CPU_HOST, tmp_path)
     tpu = driver.Run("tpu", ("train_tpu.py", "--epochs", "2"))

@@ -499,13 +499,11 @@ ARTICLE_EPOCHS = {"gpu": ("Tesla T4", 24, 4), "tpu": ("8 TPU cores", 8, 2)}  # i
 
 
 def _epochs(argv):
-    """The epochs that `argv` asks for: its --epochs, else the scripts' default."""
-    argv = list(argv)
-    for index, flag in enumerate(argv):
-        if flag == "--epochs" and index + 1 < len(argv):
-            return int(argv[index + 1])
-        if flag.startswith("--epochs="):
-            return int(flag.split("=", 1)[1])
+    """The epochs that `argv` asks for: its last --epochs, as argparse reads it, else the
+    scripts' default."""
+    value = tpu_runtime.flag_value(list(argv), "--epochs")
+    if value is not None:
+        return int(value)
     from pyimagesearch import config  # imports nothing of TensorFlow
 
     return config.EPOCHS
