@@ -459,11 +459,12 @@ def test_a_second_run_all_on_a_tpu_runtime_finds_the_tpu_free(repo, tmp_path, mo
         monkeypatch.setenv(key, env[key])
     for run_all in range(2):
         assert notebook.runtime("auto").accelerator == "tpu"
-        # %tensorboard starts `tensorboard` with this environment (tensorboard/manager.py);
-        # it drops PYTHONPATH, which here only brings in the stand-ins
+        # %tensorboard starts `tensorboard` with the kernel's environment (tensorboard/
+        # manager.py: 2.21 drops PYTHONPATH and a few others with _subprocess_environ, 2.20
+        # passes it whole); PYTHONPATH here only brings in the stand-ins
+        launch = getattr(manager, "_subprocess_environ", os.environ.copy)()
         tensorboard = subprocess.run([sys.executable, "-c", "import tensorflow"], timeout=60,
-                                     env=dict(manager._subprocess_environ(),
-                                              PYTHONPATH=env["PYTHONPATH"]))
+                                     env=dict(launch, PYTHONPATH=env["PYTHONPATH"]))
         assert tensorboard.returncode == 0
         assert _recorded(record)[tpu_runtime.LOAD_LIBRARY] == "0"
         for script in (("train_tpu.py",), ("tools/matmul_benchmark.py", "--device", "tpu")):
