@@ -409,6 +409,30 @@ def test_a_jobset_pod_without_what_it_needs_is_one_line(changes, complaint):
         read_tf_config({**_pod(0), **changes})
 
 
+HEARTBEATS = ("Collective ops is aborted by: Error reported from /job:worker/task:1: The "
+              "following tasks are unhealthy (stopped sending heartbeats):\n"
+              "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs")
+
+
+@pytest.mark.parametrize("message, cause", [
+    (HEARTBEATS, "Collective ops is aborted by: Error reported from /job:worker/task:1: The "
+                 "following tasks are unhealthy (stopped sending heartbeats): "
+                 "/job:worker/replica:0/task:1"),
+    ("Collective ops is aborted by: the peer is gone:", "Collective ops is aborted by: the "
+                                                        "peer is gone:"),  # nothing follows
+    ("recvmsg:Connection reset by peer\nAdditional GRPC error information",
+     "recvmsg:Connection reset by peer")])
+def test_a_lost_peer_is_one_line_that_names_the_peer(message, cause):
+    import tensorflow as tf
+
+    worker = Cluster(workers=2, task_type="worker", task_index=0, has_chief=False)
+    lost = cluster_module.peer_lost(worker, tf.errors.UnavailableError(None, None, message))
+    assert isinstance(lost, PeerLost)
+    assert str(lost) == ("worker 0 lost a peer of its 2-worker cluster and stopped "
+                         f"(UnavailableError: {cause})")
+    assert cluster_module.peer_lost(None, tf.errors.UnavailableError(None, None, message)) is None
+
+
 # what TensorFlow printed on a worker whose chief was SIGKILLed (TensorFlow 2.21)
 ABORTED_COLLECTIVE = """\
 E0000 00:00:1796200363.697002    6942 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: recvmsg:Connection reset by peer
@@ -419,8 +443,31 @@ W0000 00:00:1796200363.697423    7083 local_rendezvous.cc:412] Local rendezvous 
 The error could be from a previous operation. Restart your program to reset.
 \t [[{{function_node __inference_train_step_1247}}{{node adam/CollectiveReduceV2}}]] [type.googleapis.com/tensorflow.DerivedStatus='']
 """
+# ... whose peer was SIGKILLed and noticed by the coordination service's heartbeats (2.21)
+UNHEALTHY_PEER = """\
+E0000 00:00:1796311955.702575   25713 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further. [type.googleapis.com/tensorflow.CoordinationServiceError='\\"\\n\\n\\x06worker\\x10\\x01']
+E0000 00:00:1796312011.957951   25735 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+The error could be from a previous operation. Restart your program to reset. [type.googleapis.com/tensorflow.DerivedStatus='']
+"""
+# ... the same on TensorFlow 2.20, whose own log sink starts a record with the date
+UNHEALTHY_PEER_2_20 = """\
+2026-12-03 15:30:08.005639: E tensorflow/core/common_runtime/base_collective_executor.cc:248] BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further. [type.googleapis.com/tensorflow.CoordinationServiceError='\\"\\n\\n\\x06worker\\x10\\x01']
+2026-12-03 15:30:08.005869: E tensorflow/core/common_runtime/ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+The error could be from a previous operation. Restart your program to reset. [type.googleapis.com/tensorflow.DerivedStatus='']
+"""
+# what must pass: other records in either form, and lines that continue none
 KEPT = """\
 E0000 00:00:1796200363.100000    6942 cuda_dnn.cc:1] Could not create cudnn handle
+2026-12-03 15:30:08.100000: E tensorflow/core/common_runtime/gpu/gpu_device.cc:1] No GPU
+/job:worker/replica:0/task:1 is named on a line of its own
 a line of Python's own
 train_gpu.py: error: worker 1 lost a peer of its 2-worker cluster and stopped
 """
@@ -441,12 +488,15 @@ os._exit(138)
 """
 
 
-@pytest.mark.parametrize("ending, status", [("exit", 138), ("abort", -signal.SIGABRT)])
+@pytest.mark.parametrize("noise, ending, status", [
+    (ABORTED_COLLECTIVE, "exit", 138), (ABORTED_COLLECTIVE, "abort", -signal.SIGABRT),
+    (UNHEALTHY_PEER, "exit", 138), (UNHEALTHY_PEER_2_20, "exit", 138)],
+    ids=["reset", "reset-crash", "heartbeats", "heartbeats-tf2.20"])
 def test_a_lost_peer_leaves_only_its_one_line_and_a_crash_keeps_its_last_words(
-        repo, ending, status):
+        repo, noise, ending, status):
     done = subprocess.run([sys.executable, "-c", FILTERED, ending], cwd=repo,
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NOISE": ABORTED_COLLECTIVE, "KEPT": KEPT,
+                          env={**os.environ, "NOISE": noise, "KEPT": KEPT,
                                "PYIMAGESEARCH_VERBOSE_TF": ""})
     assert done.returncode == status
     # after an abort too: the filter drains the pipe once its writer has died

@@ -357,12 +357,20 @@ _PEER = re.compile(r"/job:|collective|coordination|heartbeat|peer", re.IGNORECAS
 
 
 def _cause(error):
-    """The line of a collective's error that says what happened to the peer."""
+    """The line of a collective's error that says what happened to the peer.
+
+    A line that ends in a colon is followed by what it announces (the
+    coordination service's "unhealthy (stopped sending heartbeats):" by the
+    tasks it means): the two are one line here.
+    """
     lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()]
     telling = re.compile(r"aborted|reset|unavailable|deadline|timed? ?out|heartbeat|"
                          r"connect|failed|lost", re.IGNORECASE)
-    return next((line for line in lines if telling.search(line)
-                 and not line.startswith(("File ", "Detected at node"))), first_line(error))
+    for at, line in enumerate(lines):
+        if telling.search(line) and not line.startswith(("File ", "Detected at node")):
+            following = lines[at + 1] if at + 1 < len(lines) else ""
+            return f"{line} {following}" if line.endswith(":") and following else line
+    return first_line(error)
 
 
 def collective_communication(rehearse):

@@ -417,23 +417,30 @@ def stop_preemption_handler(handler):
 #
 # When a peer of a cluster dies, TensorFlow's C++ runtime logs the aborted
 # collective straight to fd 2 ("Aborting RingReduce", "Collective ops is
-# aborted by", gRPC's continuation lines) before Python hears of it; the run
-# then says the same in its one line (cluster.peer_lost). In a cluster, fd 2
-# goes through a filter process that drops those records and passes every
-# other line on at once. A process, not a thread: if this one dies of a
-# crash, the filter still reads the pipe to its end, so no last words are lost.
+# aborted by", and the lines that continue a record: gRPC's details, the
+# coordination service's list of unhealthy tasks) before Python hears of it;
+# the run then says the same in its one line (cluster.peer_lost). In a
+# cluster, fd 2 goes through a filter process that drops those records and
+# passes every other line on at once. A process, not a thread: if this one
+# dies of a crash, the filter still reads the pipe to its end, so no last
+# words are lost. A record starts as absl's log lines do in TensorFlow 2.21
+# ("E0000 00:00:1796200363.697002 ...") or as TensorFlow 2.20's own log sink
+# writes them ("2026-12-03 15:30:08.005639: E ...").
 
 _COLLECTIVE_ABORT = ("RingReduce", "StartAbort", "Collective ops is aborted",
                      "Local rendezvous is aborting", "CollectiveReduce", "CollectiveGather",
-                     "CollectiveBcast", "Connection reset by peer", "Socket closed")
+                     "CollectiveBcast", "Connection reset by peer", "Socket closed",
+                     "stopped sending heartbeats")
 _FILTER = r"""
 import os, re, signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
-record = re.compile(rb"^[EW]\d{4} \d\d:\d\d:\d\d")
+record = re.compile(rb"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d"
+                    rb"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )")
 aborted = tuple(word.encode() for word in sys.argv[1:])
 continued = (b"Additional GRPC error information", b":UNKNOWN:", b"\t [[",
-             b"The error could be from a previous operation")
+             b"The error could be from a previous operation", b"/job:",
+             b"The tasks have crashed.")
 dropping = False
 out = sys.stdout.buffer
 for line in sys.stdin.buffer:
