@@ -156,6 +156,12 @@ QUOTES = [
     _large_batch_row("| `python train_cpu.py` (batch 128), for reference", "cpu.json"),
     Quote("README.md", "- loss: {loss} - val_loss: {val}\n[INFO] evaluating the model...",
           {"loss": _loss(QUICK_START_RECORD), "val": _val(QUICK_START_RECORD)}),
+    Quote("README.md", "Its later epochs took about {later} s there",
+          {"later": Figure(QUICK_START_RECORD, ("epoch_seconds",), "{:.0f}",
+                           "mean_after_first")}),
+    Quote("docs/machine.md", "later epochs took about {later} s on the AMD machine",
+          {"later": Figure(QUICK_START_RECORD, ("epoch_seconds",), "{:.0f}",
+                           "mean_after_first")}),
     Quote("README.md", "gave a naive {naive} s and a measured median of {median} s",
           {"naive": Figure(MATMUL, ("naive_seconds",), "{:.2f}"),
            "median": Figure(MATMUL, ("seconds", "median"), "{:.3f}")}),
@@ -452,8 +458,11 @@ def test_a_changed_figure_is_reported():
 def test_the_expected_output_is_a_real_run():
     """The README's output block is lines of the committed log of `python train_cpu.py`."""
     text = README.read_text()
-    block = text.split("```\n[INFO] number of accelerators", 1)[1].split("```", 1)[0]
-    shown = ("[INFO] number of accelerators" + block).splitlines()
+    block = text.split("```\n[INFO] Number of accelerators", 1)[1].split("```", 1)[0]
+    shown = ("[INFO] Number of accelerators" + block).splitlines()
+    # the log's first line is the one train_cpu.py prints today: the article's line
+    assert 'print(f"[INFO] Number of accelerators: {numAcc}")' in (
+        REPO / "train_cpu.py").read_text()
     log = QUICK_START_LOG.read_text().splitlines()
     assert [line for line in shown if line != "..." and line not in log] == []
     with open(QUOTED / QUICK_START_RECORD) as handle:
