@@ -242,14 +242,18 @@ OWN_STRATEGY = {
 
 
 def listing_of(script):
-    """The statements `script` is held to: the article's, its strategy lines its own."""
+    """The statements `script` is held to: the article's, its strategy lines its own.
+
+    Each as this Python's ast.unparse writes it, as the scripts' are (3.10's
+    writes `(testIm, _) = ...` where 3.11's writes `testIm, _ = ...`).
+    """
     own = OWN_STRATEGY[script]
     statements = [text for line, text in ARTICLE_LISTING if own is None or line not in
                   (366, 367, 368, 369)]
     if own is not None:
         at = next(i for i, (line, _) in enumerate(ARTICLE_LISTING) if line == 366)
         statements[at:at] = own
-    return statements
+    return [_normal(text) for text in statements]
 
 
 def _marked_lines(source):
