@@ -31,9 +31,9 @@ from pyimagesearch.platforms.host import detect
 from pyimagesearch.training.cluster import (answers, collective_communication,
                                             gave_up_waiting, missing_peers, wait_for_peers)
 from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.workarounds import (bound_cluster_start, filter_collective_noise,
-                                                local_cpu_devices, native_stderr_quiet,
-                                                plain_device_buffers)
+from pyimagesearch.training.workarounds import (TF_LOG_LINE, bound_cluster_start,
+                                                filter_collective_noise, local_cpu_devices,
+                                                native_stderr_quiet, plain_device_buffers)
 
 
 def cpu_only():
@@ -53,12 +53,7 @@ def cpu_only():
             raise UserError(f"cannot hide the GPUs: {error}") from error
 
 
-# How TensorFlow logs a line (the level letter, then the message):
-# "E0000 00:00:1796065747.16    7071 cuda_platform.cc:52] failed call to ..." (TF 2.21)
-# "2026-11-30 19:11:58.56: E external/.../cuda_platform.cc:51] failed call ..." (TF 2.20)
-_LOG_LINE = re.compile(r"^(?:(?P<absl>[IWEF])\d{4} [\d:.]+ +\d+"
-                       r"|[\d-]+ [\d:.]+: (?P<tsl>[IWEF]))"
-                       r" \S+:\d+\] (?P<message>.*)")
+_LOG_LINE = re.compile(TF_LOG_LINE)  # a TensorFlow log line, in 2.21's or 2.20's form
 
 # What TensorFlow logs while it looks for GPUs, and what it means (seen with
 # TF 2.20 and 2.21 on a machine without a GPU; the texts are in

@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from pyimagesearch import cli
+from pyimagesearch.training.workarounds import TF_LOG_LINE
 
 MATMUL = '''
 import tensorflow as tf
@@ -232,10 +233,10 @@ def run_listing(code, timeout, legacy_keras=False, tf_keras_path=None):
     except subprocess.TimeoutExpired:
         return None, f"still running after {timeout} s; stopped", timeout
     # what the listing printed when it ran, its error when it failed; not TensorFlow's
-    # C++ log lines ("I0000 00:00:...")
+    # C++ log lines, in 2.21's form ("I0000 00:00:...") or 2.20's ("2026-12-03 ...: I ...")
     text = done.stdout if done.returncode == 0 and done.stdout.strip() else done.stderr
     lines = [line for line in text.splitlines()
-             if line.strip() and not re.match(r"[IWEF]\d{4} ", line)]
+             if line.strip() and not re.match(TF_LOG_LINE, line)]
     return done.returncode, (lines[-1] if lines else ""), round(time.monotonic() - start, 1)
 
 

@@ -50,6 +50,12 @@ import sys
 import tempfile
 
 VERBOSE_ENV = "PYIMAGESEARCH_VERBOSE_TF"  # set to anything non-empty: no capture
+# How TensorFlow's C++ starts a log record (the level letter, then the message):
+# "E0000 00:00:1796065747.16    7071 cuda_platform.cc:52] failed call to ..." (TF 2.21, absl)
+# "2026-11-30 19:11:58.56: E external/.../cuda_platform.cc:51] failed call ..." (TF 2.20's own)
+TF_LOG_LINE = (r"^(?:(?P<absl>[IWEF])\d{4} [\d:.]+ +\d+"
+               r"|[\d-]+ [\d:.]+: (?P<tsl>[IWEF]))"
+               r" \S+:\d+\] (?P<message>.*)")
 _ALL_WELL = b"ok"  # what the block tells its watchdog when it ends alive
 
 # The watchdog: a bare Python (-I -S: no site packages, ~10 ms to start).
@@ -423,9 +429,8 @@ def stop_preemption_handler(handler):
 # cluster, fd 2 goes through a filter process that drops those records and
 # passes every other line on at once. A process, not a thread: if this one
 # dies of a crash, the filter still reads the pipe to its end, so no last
-# words are lost. A record starts as absl's log lines do in TensorFlow 2.21
-# ("E0000 00:00:1796200363.697002 ...") or as TensorFlow 2.20's own log sink
-# writes them ("2026-12-03 15:30:08.005639: E ...").
+# words are lost. A record starts as TF_LOG_LINE says, in either of
+# TensorFlow's forms (argv[1]); the words that mark it dropped follow.
 
 _COLLECTIVE_ABORT = ("RingReduce", "StartAbort", "Collective ops is aborted",
                      "Local rendezvous is aborting", "CollectiveReduce", "CollectiveGather",
@@ -435,9 +440,8 @@ _FILTER = r"""
 import os, re, signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
-record = re.compile(rb"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d"
-                    rb"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )")
-aborted = tuple(word.encode() for word in sys.argv[1:])
+record = re.compile(sys.argv[1].encode())
+aborted = tuple(word.encode() for word in sys.argv[2:])
 continued = (b"Additional GRPC error information", b":UNKNOWN:", b"\t [[",
              b"The error could be from a previous operation", b"/job:",
              b"The tasks have crashed.")
@@ -466,7 +470,8 @@ def filter_collective_noise():
     real = os.dup(2)
     reader, writer = os.pipe()
     try:
-        process = subprocess.Popen([sys.executable, "-c", _FILTER, *_COLLECTIVE_ABORT],
+        process = subprocess.Popen([sys.executable, "-c", _FILTER, TF_LOG_LINE,
+                                    *_COLLECTIVE_ABORT],
                                    stdin=reader, stdout=real, stderr=subprocess.DEVNULL)
     except OSError:  # no filter: the lines pass as they are
         os.close(writer)
