@@ -31,7 +31,9 @@ import re
 import statistics
 import sys
 
-from pyimagesearch import cli, config
+from pyimagesearch.platforms import backend
+backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import cli, config  # noqa: E402
 from pyimagesearch.training.errors import UserError
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
@@ -158,7 +160,8 @@ def article_rows():
 
 
 def run_device(record):
-    """What trained: 'CPU: Intel Xeon (2 CPUs)', '8 logical devices on CPU: ...', 'Tesla T4 x 2'."""
+    """What trained: 'CPU: Intel Xeon (2 CPUs)', '8 logical devices on CPU: ...', 'Tesla T4 x 2',
+    'TPU v5e, 8 chips, 8 replicas; Keras on JAX' (a run on JAX says so; TensorFlow's do not)."""
     machine = record.get("machine") or {}
     model = " ".join(str(machine.get("cpu_model", "")).replace("(R)", "").replace(
         "(TM)", "").split()) or "not recorded"
@@ -166,17 +169,21 @@ def run_device(record):
     cpu = f"{model} ({cpus} CPUs)" if cpus else model
     replicas, device = record["replicas"], record["device"]
     found = (record.get("runtime") or {}).get("devices")
+    on_jax = record.get("backend") == "jax"
     if device == "cpu":
         text = f"CPU: {cpu}"
     elif record.get("rehearsal"):
-        text = f"{replicas // record.get('workers', 1)} logical devices on CPU: {cpu}"
+        kind = "JAX CPU" if on_jax else "logical"
+        text = f"{replicas // record.get('workers', 1)} {kind} devices on CPU: {cpu}"
     elif device == "gpu":
         text = f"{found or 'GPU'} x {replicas // record.get('workers', 1)}"
+    elif found and "chip" in found:  # the chips the machine has, the replicas trained on
+        text = f"{found}, {replicas} replicas"
     else:
         text = f"{found or 'TPU'}, {replicas} cores"
     if record.get("workers", 1) > 1:
         text += f"; {record['workers']} workers"
-    return text
+    return text + ("; Keras on JAX" if on_jax else "")
 
 
 def run_runtime(record):

@@ -8,6 +8,10 @@ go beyond it, and skipping them leaves the listing with the departures the
 README's table lists. Writes outputs/cpu.png, cpu.json (the run record) and
 cpu.keras.
 """
+# + Keras on TensorFlow, whatever KERAS_BACKEND says: its strategies run this
+from pyimagesearch.platforms import backend  # +
+backend.tensorflow()  # +
+
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
 # start-up notices off the terminal; the seed is fixed once the flags are read)
 from pyimagesearch import config

@@ -10,6 +10,10 @@ table lists. Under a TF_CONFIG of several machines this is one worker, and only
 the chief writes. Writes outputs/gpu.png, gpu.json (the run record) and
 gpu.keras; a rehearsal writes gpu_rehearsal.* instead.
 """
+# + Keras on TensorFlow, whatever KERAS_BACKEND says: its strategies run this
+from pyimagesearch.platforms import backend  # +
+backend.tensorflow()  # +
+
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
 # start-up notices off the terminal; the seed is fixed once the flags are read)
 from pyimagesearch import config

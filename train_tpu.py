@@ -1,14 +1,15 @@
 # USAGE
-# python train_tpu.py                  # Colab, Kaggle or a Cloud TPU VM
+# python train_tpu.py                  # a TPU: Keras on JAX on Colab and Kaggle, else TPUStrategy
 # python train_tpu.py --rehearse 8     # no TPU: 8 logical CPU devices stand in
-"""Train the article's MNIST autoencoder on a TPU with TPUStrategy: its listing, step by step.
+# KERAS_BACKEND=jax python train_tpu.py --rehearse 8   # the JAX route, on 8 JAX CPU devices
+"""Train the article's MNIST autoencoder on a TPU (TPUStrategy, or Keras on JAX): its listing.
 
 Lines marked "# +" go beyond the article; skip them and the article's lines
 are left, with the departures the README's table lists. Writes outputs/tpu.png,
-tpu.json (the run record) and tpu.keras; a rehearsal writes tpu_rehearsal.*.
+tpu.json (the run record) and tpu.keras; a rehearsal tpu_rehearsal.*; on JAX, _jax.
 """
-# + a TPU v5e, v5p or v6e: TensorFlow reaches it only through its PJRT
-# + runtime, which must be chosen before TensorFlow is imported (docs/tpus.md)
+# + the route, before TensorFlow's import: Keras on JAX on a JAX TPU image (Colab,
+# + Kaggle), else TensorFlow, through its PJRT runtime on a v5e or v6e (docs/tpus.md)
 import sys  # +
 from pyimagesearch.platforms import tpu_runtime  # +
 tpu_runtime.prepare(sys.argv[1:])  # +
@@ -22,6 +23,7 @@ from pyimagesearch.loss import MSELoss
 from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
 from pyimagesearch.training.loop import custom_loop  # +
+import keras  # + its backend, JAX or TensorFlow, is the route tpu_runtime chose
 import tensorflow as tf
 # the article's five `from tensorflow... import` lines: on TensorFlow 2.20 and
 # 2.21 the first and the fourth fail (the README's listings table), so its TPU
@@ -33,9 +35,12 @@ from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pypl
 
 def main(argv=None):  # +
     args = cli.parse_args("tpu", __doc__, argv)  # + the flags, checked
+    on_jax = keras.backend.backend() == "jax"  # + Keras on JAX: the TPU images' own
 
     # initialize the TPU and TPU strategy
-    if args.rehearse:  # + N logical CPU devices stand in for the TPU's cores
+    if on_jax:  # + keras.distribution.DataParallel over the TPU's devices (or N JAX CPUs)
+        strategy = strategies.data_parallel(args.rehearse)  # +
+    elif args.rehearse:  # + N logical CPU devices stand in for the TPU's cores
         strategy = strategies.rehearsal(args.rehearse)  # +
     else:  # +
         with strategies.tpu_errors(args.tpu) as find:  # + any failure: one line
@@ -76,12 +81,12 @@ def main(argv=None):  # +
         # initialize the autoencoder model and compile it
         print("[INFO] initializing the model...")
         model = AutoEncoder()
-        # the article's scale=1: Keras 3 sums the replicas' gradients and,
-        # unlike the article's tf.keras 2, leaves dividing this loss to us
-        mseLoss = MSELoss(scale=numAcc)
+        # the article's scale=1 is right on JAX (one jitted step sees the global batch);
+        # Keras 3 on tf.distribute sums replicas' gradients, unlike tf.keras 2: scale=numAcc
+        mseLoss = MSELoss(scale=1 if on_jax else numAcc)
         model.compile(loss=mseLoss, optimizer=config.OPTIMIZER,
             steps_per_execution=plan.steps_per_execution,  # + a whole epoch per call
-            jit_compile=args.jit_compile)  # + --jit-compile (refused on a TPU)
+            jit_compile=plan.jit_compile)  # + --jit-compile (refused on a TPU); JAX: always
 
         # train the model (the article's validation_steps=config.TPU_VALIDATION_STEPS
         # is left out: Keras 3 would round it up to whole calls of

@@ -32,23 +32,12 @@ imports it, quietly. `outputs.load_model` loads a saved `outputs/cpu.keras`
 with this package's classes registered.
 """
 import os
-import sys
 
 from pyimagesearch.platforms.tpu_runtime import leave_the_tpu_alone
 from pyimagesearch.training.workarounds import (VERBOSE_ENV, open_closed_standard_streams,
                                                 quiet_tensorflow_import)
 
 open_closed_standard_streams()  # `>&-`: no file opened later may take fd 1 or 2
-
-# Keras 3 picks its backend when it is first imported: KERAS_BACKEND, else
-# ~/.keras/keras.json. This package is TensorFlow's (its strategies, tf.data,
-# TPUs), and JAX-first TPU images set KERAS_BACKEND=jax: say so in one line
-# and use TensorFlow, rather than fail at the first import of keras.
-if "keras" not in sys.modules:
-    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
-        print(f"[INFO] KERAS_BACKEND={os.environ['KERAS_BACKEND']} set aside: this code runs "
-              "Keras on TensorFlow", file=sys.stderr)
-    os.environ["KERAS_BACKEND"] = "tensorflow"
 
 if not os.environ.get(VERBOSE_ENV):
     # TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a

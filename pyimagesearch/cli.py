@@ -290,8 +290,13 @@ def plan(device, args, strategy):
     from pyimagesearch.training.workarounds import preemption_handler_acts
 
     settings = Settings.from_args(args)
+    backend = getattr(strategy, "keras_backend", "tensorflow")
+    if backend == "jax":
+        from pyimagesearch.training.data_parallel import refuse_levers
+        refuse_levers(settings)
     run = plan_run(device, settings, strategy.num_replicas_in_sync,
-                   rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster)
+                   rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster,
+                   backend=backend)
     check_levers(run, strategy)
     node = tpu_node(strategy)
     if node:

@@ -21,20 +21,27 @@ Keras prints is N times the error too: Keras multiplies the loss it logs
 by N, to undo the division it expects to have made (tools/check_listings.py
 measures 2.000 on 2 replicas, 8.000 on 8). With scale=N it prints the mean
 squared error itself.
+
+Keras 3 on JAX (train_tpu.py's route on Colab's and Kaggle's TPUs) is
+different: under `keras.distribution.DataParallel` one jitted step sees the
+whole global batch, split across the devices by its sharding, so the mean
+over it is already the mean over every replica's images: the article's
+`MSELoss(scale=1)` is right there (tests/test_loss_scaling.py: the same SGD
+step as one device, on 2 and 8 JAX CPU devices).
 """
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 def per_image_mse(real, pred):
     """Mean squared error of each image over all its pixels: shape (batch,).
 
-    Computed in float32 whatever the model's compute precision, so a
-    mixed-precision model is trained on the same objective.
+    In `keras.ops`, so the same function runs inside a TensorFlow step and a
+    jitted JAX step; computed in float32 whatever the model's compute
+    precision, so a mixed-precision model is trained on the same objective.
     """
-    pred = tf.cast(pred, tf.float32)
-    squared = tf.math.squared_difference(tf.cast(real, tf.float32), pred)
-    return tf.reduce_mean(tf.reshape(squared, [tf.shape(squared)[0], -1]), axis=1)
+    squared = ops.square(ops.cast(real, "float32") - ops.cast(pred, "float32"))
+    return ops.mean(squared, axis=tuple(range(1, len(squared.shape))))
 
 
 @keras.saving.register_keras_serializable(package="pyimagesearch")
@@ -48,8 +55,9 @@ class MSELoss:
 
     def __call__(self, real, pred):
         # every image has as many pixels, so the mean of the per-image means
-        # is the mean over all pixels of the batch
-        return tf.reduce_mean(per_image_mse(real, pred)) * (1.0 / self.scale)
+        # is the mean over all pixels of the batch (the article's
+        # reduce_mean of a NONE-reduced MeanSquaredError: the same number)
+        return ops.mean(per_image_mse(real, pred)) * (1.0 / self.scale)
 
     def get_config(self):
         return {"scale": self.scale}

@@ -93,10 +93,11 @@ def run_record(plan, run, trained):
     history = run.history(trained)
     strategy, settings, source = plan.strategy, plan.settings, plan.source
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    return {
+    record = {
         "device": plan.device,
         "name": plan.name,
         "rehearsal": plan.rehearsal,
+        "backend": plan.backend,  # Keras': tensorflow, or jax (DataParallel)
         # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy
         "strategy": "MultiWorkerMirroredStrategy" if multi_worker else type(
             strategy).__name__.lstrip("_"),  # the default strategy's is _Default...
@@ -114,7 +115,7 @@ def run_record(plan, run, trained):
         "resumed_from_step": run.start,  # global steps trained before this run
         "loop": plan.loop,
         "precision": settings.precision,
-        "jit_compile": settings.jit_compile,
+        "jit_compile": plan.jit_compile,
         "optimizer": settings.optimizer,
         "learning_rate": plan.learning_rate,
         "learning_rate_scaling": settings.lr_scaling,
@@ -139,6 +140,10 @@ def run_record(plan, run, trained):
         "machine": machine_info(),
         "started_at": run.started.isoformat(timespec="seconds"),
     }
+    if plan.backend == "jax":
+        from pyimagesearch.training.data_parallel import versions
+        record.update(versions())
+    return record
 
 
 def figure_title(plan, record):
@@ -171,7 +176,8 @@ def runtime_info(plan):
                  for gpu in tf.config.list_physical_devices("GPU")]
         devices = " + ".join(sorted(set(names))) or None
     elif plan.device == "tpu" and not plan.rehearsal and host.tpu_generation:
-        devices = f"TPU {host.tpu_generation}"
+        chips = "chip" if host.tpu_chips == 1 else "chips"
+        devices = f"TPU {host.tpu_generation}, {host.tpu_chips} {chips}"
     return {"service": host.service, "accelerator": plan.runtime,
             "description": host.describe(), "devices": devices}
 

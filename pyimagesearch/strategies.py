@@ -147,6 +147,15 @@ def rehearsal(replicas):
         devices[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
+def data_parallel(replicas=None):
+    """Keras on JAX: DataParallel over the TPU's devices, or `replicas` JAX CPU devices that
+    rehearse it (training/data_parallel.py)."""
+    from pyimagesearch.training import data_parallel as jax_route
+
+    cpu_only()  # TensorFlow only reads the data here: no GPU of its own, quietly
+    return jax_route.strategy(replicas)
+
+
 TPU_LOOKUP_TIMEOUT_S = 60  # s; how long the TPU lookup may wait on Google Cloud
 _REHEARSE_TPU = "use --rehearse 8 to rehearse on 8 logical CPU devices"
 # OSError: a resolver that asks Google Cloud's metadata server off Cloud

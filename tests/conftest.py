@@ -10,6 +10,7 @@ import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["KERAS_BACKEND"] = "tensorflow"  # this session's Keras (JAX's tests start their own)
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 # the tools are scripts, not a package: tests import them by name, as

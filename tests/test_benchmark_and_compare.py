@@ -275,3 +275,28 @@ def test_compare_at_200_runs_loads_only_the_figures_models_and_warns_nothing(
                                                                  "cpu_seed-3.keras"]
     with pytest.raises(compare.UserError, match="--figure names no run called cpu_seed-999"):
         compare.main([str(folder), "--figure", "cpu_seed-999"])
+
+
+def test_tensorflows_and_jaxs_tpu_runs_stand_side_by_side(tmp_path, capsys):
+    # a Kaggle v5e-8 on JAX, a Cloud TPU VM on TensorFlow, and both rehearsals
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for rehearse, backend, devices in ((None, "tensorflow", "TPU v5e"),
+                                       (None, "jax", "TPU v5e, 8 chips"),
+                                       (8, "tensorflow", None), (8, "jax", None)):
+        name, record = _record("tpu", (), "tpu" if rehearse is None else "cpu", rehearse)
+        if backend == "jax":
+            name = record["name"] = name + "_jax"
+            record["backend"] = "jax"
+        record["runtime"]["devices"] = devices
+        _write(folder, name, record)
+    compare.main([str(folder)])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")
+            for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith(("| run |", "| --- |"))}
+    device = compare.COLUMNS.index("device")
+    assert {run: cells[device] for run, cells in rows.items()} == {
+        "tpu": "TPU v5e, 8 cores",
+        "tpu_jax": "TPU v5e, 8 chips, 8 replicas; Keras on JAX",
+        "tpu_rehearsal": "8 logical devices on CPU: Intel Xeon CPU (2 CPUs)",
+        "tpu_rehearsal_jax": "8 JAX CPU devices on CPU: Intel Xeon CPU (2 CPUs); Keras on JAX"}

@@ -655,14 +655,15 @@ LISTING_STEPS = {
     ("autoencoder.py", "20-26"): ["self.decoder", "Conv2DTranspose(8", "Conv2DTranspose(16",
                                   "Conv2D(1"],
     ("autoencoder.py", "28-35"): ["def call(", "self.decoder(self.encoder(x))"],
-    ("loss.py", "2-4"): ["import keras", "import tensorflow as tf"],
+    ("loss.py", "2-4"): ["import keras", "from keras import ops"],
     ("loss.py", "6-22"): ["class MSELoss", "self.scale = scale", "def __call__",
                           "1.0 / self.scale"],
     # the whole listing: its steps in the lines the row names (tests/test_listing.py
     # holds the script to it statement by statement)
     ("train_tpu.py", "5-82"): ["import tensorflow as tf", "set_random_seed(config.SEED)",
                                "TPUStrategy(", "numAcc = strategy.num_replicas_in_sync",
-                               "batchSize=config.TPU_BATCH_SIZE", "MSELoss(scale=numAcc)",
+                               "batchSize=config.TPU_BATCH_SIZE",
+                               "MSELoss(scale=1 if on_jax else numAcc)",
                                "optimizer=config.OPTIMIZER", "epochs=config.EPOCHS",
                                "steps_per_epoch=config.TPU_STEPS_PER_EPOCH", ".predict(",
                                "Input Image", "Predicted Image", ".savefig("],
@@ -698,8 +699,8 @@ def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
         assert first.startswith(f"`{home}` line"), first
     # the listings table points into the script too
     readme = _flat(README.read_text())
-    assert "`MSELoss(scale=numAcc)`, `train_tpu.py` line 81" in readme
-    assert "MSELoss(scale=numAcc)" in _script_lines("line 81")
-    assert "(`train_tpu.py` lines 102-128)" in readme
-    assert ".predict(" in _script_lines("lines 102-128") and "imshow" in _script_lines(
-        "lines 102-128")
+    assert "`MSELoss(scale=1 if on_jax else numAcc)`, `train_tpu.py` line 86" in readme
+    assert "MSELoss(scale=1 if on_jax else numAcc)" in _script_lines("line 86")
+    assert "(`train_tpu.py` lines 107-133)" in readme
+    assert ".predict(" in _script_lines("lines 107-133") and "imshow" in _script_lines(
+        "lines 107-133")

@@ -11,6 +11,8 @@
 
 All run without TensorFlow in the processes they start, or in this one.
 """
+import contextlib
+import io
 import json
 import os
 import signal
@@ -116,14 +118,24 @@ def test_an_abbreviated_flag_is_refused_in_one_line(monkeypatch, capsys, call, a
 
 # --- KERAS_BACKEND --------------------------------------------------------------------------
 
-def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once(repo):
+def test_importing_the_package_leaves_keras_backend_as_it_is(repo):
+    # the scripts choose: train_tpu.py may run on JAX, train_cpu.py sets it aside
     done = subprocess.run(
         [sys.executable, "-c", "import pyimagesearch, os; print(os.environ['KERAS_BACKEND'])"],
         cwd=repo, env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True,
         timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "tensorflow\n"  # what Keras will read when it is imported
-    assert done.stderr.splitlines() == [
+    assert (done.stdout, done.stderr) == ("jax\n", "")
+
+
+def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once():
+    from pyimagesearch.platforms import backend
+
+    environ = {"KERAS_BACKEND": "jax"}
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        backend.tensorflow(environ)
+    assert environ == {"KERAS_BACKEND": "tensorflow"}  # what Keras will read at its import
+    assert said.getvalue().splitlines() == [
         "[INFO] KERAS_BACKEND=jax set aside: this code runs Keras on TensorFlow"]
 
 

@@ -413,7 +413,7 @@ def test_every_departure_in_the_readme_is_one_a_script_makes():
     # another script's departure is not this one's
     ("batchSize=config.TPU_BATCH_SIZE,", "batchSize=config.BATCH_SIZE * numAcc,"),
     ("steps_per_epoch=config.TPU_STEPS_PER_EPOCH,", "steps_per_epoch=config.STEPS_PER_EPOCH,"),
-    ("mseLoss = MSELoss(scale=numAcc)", "mseLoss = MSELoss(scale=2)"),
+    ("mseLoss = MSELoss(scale=1 if on_jax else numAcc)", "mseLoss = MSELoss(scale=2)"),
     ('ax[1].set_title("Predicted Image")', 'ax[1].set_title("Output")'),
     ("    numAcc = strategy.num_replicas_in_sync\n", ""),         # a line gone
     ("plan=plan)  # +", "plan=plan, shuffleSize=7)  # +"),  # marked, but on a marked line only

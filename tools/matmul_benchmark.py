@@ -40,6 +40,8 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from pyimagesearch.platforms import backend  # noqa: E402
+backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch.platforms import tpu_runtime  # noqa: E402
 

@@ -30,6 +30,8 @@ import numpy as np
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from pyimagesearch.platforms import backend  # noqa: E402
+backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
 from pyimagesearch.datasets.sources import STAND_IN_MARKER  # noqa: E402

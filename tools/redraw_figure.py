@@ -22,6 +22,8 @@ import sys
 
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from pyimagesearch.platforms import backend  # noqa: E402
+backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
 from pyimagesearch.training.errors import UserError, first_line  # noqa: E402

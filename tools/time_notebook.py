@@ -35,6 +35,8 @@ import time
 # add the root so that pyimagesearch imports
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pyimagesearch.platforms import backend  # noqa: E402
+backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
 

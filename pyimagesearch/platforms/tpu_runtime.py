@@ -34,6 +34,7 @@ import importlib.metadata
 import os
 import sys
 
+from pyimagesearch.platforms import backend
 from pyimagesearch.platforms.host import detect
 
 USE_C_API = "NEXT_PLUGGABLE_DEVICE_USE_C_API"
@@ -132,26 +133,51 @@ def without_our_hold(environ):
 
 
 def prepare(argv, environ=None, host=None, library_path=libtpu_path):
-    """For the TPU run: let TensorFlow load libtpu, and set PJRT's variables if this TPU needs
-    them; what was done, in words.
+    """For the TPU run: choose its Keras backend (backend.tpu_route); on TensorFlow, let it
+    load libtpu and set PJRT's variables if this TPU needs them; what was done, in words.
 
-    `argv`: the command line's arguments (a rehearsal sets nothing);
-    `environ`, `host`, `library_path`: stand-ins for tests.
+    `argv`: the command line's arguments (a rehearsal sets no TPU runtime);
+    `environ`, `host`, `library_path`: stand-ins for tests. A KERAS_BACKEND
+    neither route takes ends the process in one line, status 2.
     """
     global prepared
-    prepared = _prepare(argv, os.environ if environ is None else environ, host, library_path)
+    from pyimagesearch.training.errors import UserError
+
+    try:
+        prepared = _prepare(argv, os.environ if environ is None else environ, host,
+                            library_path)
+    except UserError as error:
+        print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
+        raise SystemExit(error.exit_status) from None
     return prepared
 
 
 def _prepare(argv, environ, host, library_path):
     """prepare's work; what it did, in words."""
+    host = detect() if host is None else host
+    route = backend.tpu_route(environ, host)
     if "tensorflow" in sys.modules:
         return "too late: TensorFlow is imported already"
+    if route == "jax":
+        return _jax_route(argv, environ)
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
     without_our_hold(environ)
     held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
-    return _choose_runtime(environ, detect() if host is None else host, library_path) + held
+    return _choose_runtime(environ, host, library_path) + held
+
+
+def _jax_route(argv, environ):
+    """Keras on JAX: N JAX CPU devices for a rehearsal; else JAX's own libtpu, unheld."""
+    if rehearses(argv):
+        devices = flag_value(argv, REHEARSE_FLAG)
+        if devices and devices.isdigit() and int(devices) >= 1:
+            backend.rehearse_on_jax(environ, int(devices))
+        return f"Keras on JAX: a rehearsal on {devices} JAX CPU devices"
+    # JAX loads its own libtpu (jax[tpu]), which reads TPU_LOAD_LIBRARY too;
+    # TensorFlow (tensorflow-cpu, for tf.data) has no TPU loader to take it
+    without_our_hold(environ)
+    return "Keras on JAX: JAX's libtpu reaches the TPU; TensorFlow only reads the data"
 
 
 def _choose_runtime(environ, host, library_path):

@@ -5,6 +5,7 @@
 - `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
 - `loop`: the custom training loop (`--loop custom`);
 - `precision`: mixed precision and XLA;
+- `data_parallel`: Keras on JAX, `keras.distribution.DataParallel` for train_tpu.py;
 - `cluster`: TF_CONFIG, the peers, what every worker must agree on;
 - `publish`: a run's outputs into their folder, all of them or none;
 - `errors`, `files`, `workarounds`: the one-line errors, paths through tf.io.gfile,

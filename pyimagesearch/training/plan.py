@@ -79,6 +79,12 @@ class RunPlan:
     # in a cluster: whether TensorFlow's PreemptionCheckpointHandler acts here
     preemption_handler: bool | None = None
     runtime: str = "cpu"      # what this machine trains on: cpu, gpu or tpu (in the name)
+    backend: str = "tensorflow"  # Keras' backend: "tensorflow", or "jax" (train_tpu.py)
+
+    @property
+    def jit_compile(self):
+        """compile()'s jit_compile: --jit-compile on TensorFlow; JAX jits every step."""
+        return True if self.backend == "jax" else self.settings.jit_compile
 
     @property
     def verbose(self):
@@ -122,7 +128,11 @@ class RunPlan:
                  f"({self.global_batch_size // self.replicas} per replica), "
                  f"{self.steps_per_epoch} steps per epoch, "
                  f"{self.steps_per_execution} per execution; {self.settings.precision}"
-                 + (", XLA" if self.settings.jit_compile else "") + f", {self.loop} loop"]
+                 + (", XLA" if self.settings.jit_compile else "") + f", {self.loop} loop"
+                 + (", Keras on JAX" if self.backend == "jax" else "")]
+        if self.device == "tpu" and not self.rehearsal and self.replicas == 1:
+            lines.append("[INFO] 1 TPU device: nothing is distributed here; the article's "
+                         "TPU split each batch over 8 cores")
         if self.settings.lr_scaling != "none":
             lines.append(f"[INFO] learning rate {self.settings.learning_rate:g} scaled "
                          f"({self.settings.lr_scaling}) for a global batch of "
@@ -190,13 +200,14 @@ def make_optimizer(name, learning_rate):
     raise UserError(f"unknown optimizer {name!r}; choose adam or sgd")
 
 
-def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=None):
+def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=None,
+             backend="tensorflow"):
     """Work out the global batch, steps and learning rate for `device` on `replicas`.
 
     `cluster` (from TF_CONFIG) makes this one worker of several: it trains
     with the custom loop, and only its chief writes. `runtime` is what this
     machine trains on ("cpu", "gpu" or "tpu"; None: read from the machine),
-    for the run's name.
+    for the run's name; `backend` Keras' ("jax" runs are named apart).
     """
     if device == "tpu":
         # the article's TPU batch is global: 1024 over 8 cores is 128 per core
@@ -231,7 +242,8 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
         per_execution = steps_per_execution(steps)
     runtime = runtime or this_runtime()
     return RunPlan(
-        settings, device, name=run_name(device, settings, rehearsal, runtime), runtime=runtime,
+        settings, device, name=run_name(device, settings, rehearsal, runtime, backend),
+        runtime=runtime, backend=backend,
         rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
         steps_per_epoch=steps, steps_per_execution=per_execution,
         fixed_validation=device == "tpu",
@@ -317,16 +329,18 @@ def _differences(device, settings):
             yield field.replace("_", "-"), None if isinstance(value, bool) else str(value)
 
 
-def run_name(device, settings, rehearsal=False, runtime=None):
+def run_name(device, settings, rehearsal=False, runtime=None, backend="tensorflow"):
     """The stem of a run's outputs: what sets the run apart from every other run.
 
     The device's figure name (cpu, gpu, tpu: config.*_IMG_PATH), then
     `rehearsal`, then each flag that differs from the script's defaults
-    (flags_apart), then the runtime where a CPU run or a rehearsal ran on a
-    machine with a GPU or TPU. The default runs keep the article's names:
+    (flags_apart), then `jax` for Keras on JAX, then the runtime where a CPU
+    run or a rehearsal ran on a machine with a GPU or TPU. The default runs
+    on TensorFlow keep the article's names:
 
         train_cpu.py                                cpu
         train_tpu.py --rehearse 8                   tpu_rehearsal
+        KERAS_BACKEND=jax train_tpu.py --rehearse 8 tpu_rehearsal_jax
         train_tpu.py --lr-scaling sqrt              tpu_lr-scaling-sqrt
         train_cpu.py --epochs 1, on a GPU runtime   cpu_epochs-1_gpu-runtime
 
@@ -339,6 +353,7 @@ def run_name(device, settings, rehearsal=False, runtime=None):
     # an exponent's "+" is dropped, not made "-": 1e+300 and 1e-300 stay apart
     parts += [flag if value is None else f"{flag}-{str(value).replace('+', '')}"
               for flag, value in _differences(device, settings)]
+    parts += ["jax"] if backend == "jax" else []
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
         device == "cpu" or rehearsal, runtime)
 

@@ -1,0 +1,93 @@
+"""Keras on JAX: `keras.distribution.DataParallel` in place of TPUStrategy.
+
+train_tpu.py on JAX (platforms/backend.py says when) builds its strategy
+here. Keras' DataParallel replicates the model's variables on every device
+and splits each global batch between them; `scope()` is Keras' own, so the
+listing's `with strategy.scope():` reads the same. One jitted step sees the
+whole global batch (its sharding says which device holds which images), so
+the gradient is already the mean over all of them: the article's
+`MSELoss(scale=1)` is right here, where Keras 3 on tf.distribute needs
+`scale=N` (loss.py).
+
+What this route cannot do yet is refused in one line before any training
+(`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
+and backups are tf.train.Checkpoints of TensorFlow variables.
+"""
+import importlib.metadata
+
+import keras
+
+from pyimagesearch.training.errors import UserError
+
+
+class DataParallel(keras.distribution.DataParallel):
+    """Keras' DataParallel, with TPUStrategy's `num_replicas_in_sync`, which the listing reads."""
+
+    keras_backend = "jax"  # what the run's plan and record read (cli.plan)
+
+    @property
+    def num_replicas_in_sync(self):
+        """The devices the batch is split between: the article's numAcc."""
+        return int(self.device_mesh.devices.size)
+
+
+def strategy(replicas=None):
+    """DataParallel over every TPU device JAX sees, or over `replicas` JAX CPU devices.
+
+    A rehearsal's devices come from JAX_NUM_CPU_DEVICES, set before JAX
+    started (tpu_runtime.prepare). Without a TPU (and no rehearsal), one
+    line says what JAX and TensorFlow see, and which versions are installed.
+    """
+    if replicas:
+        devices = keras.distribution.list_devices("cpu")
+        if len(devices) < replicas:
+            raise UserError(f"cannot rehearse on {replicas} JAX CPU devices: JAX started "
+                            f"with {len(devices)} (JAX_NUM_CPU_DEVICES is read when JAX "
+                            "starts; train_tpu.py sets it)")
+        return DataParallel(devices=devices[:replicas])
+    devices = keras.distribution.list_devices()
+    if not devices or not devices[0].lower().startswith("tpu"):
+        raise UserError(f"no TPU for Keras on JAX: {found(devices)}; use --rehearse 8 to "
+                        "rehearse on 8 JAX CPU devices")
+    return DataParallel(devices=devices)
+
+
+def found(jax_devices):
+    """What a TPU run found: the devices JAX and TensorFlow see, and the versions installed."""
+    import tensorflow as tf
+
+    kinds = sorted({device.split(":")[0] for device in jax_devices}) or ["none"]
+    tf_devices = sorted({device.device_type for device in tf.config.list_physical_devices()})
+    versions = ", ".join(f"{name} {_version(name)}"
+                         for name in ("jax", "jaxlib", "libtpu", "tensorflow", "keras"))
+    return (f"JAX sees {len(jax_devices)} {'/'.join(kinds)} device(s), TensorFlow "
+            f"{'/'.join(tf_devices) or 'none'}; {versions}")
+
+
+def _version(package):
+    """The installed version of `package`, or 'not installed'."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def refuse_levers(settings):
+    """What Keras on JAX cannot do here yet: one line, before any training."""
+    refused = [flag for flag, asked in (
+        ("--loop custom", settings.loop == "custom"),
+        ("--backup-dir", settings.backup_dir),
+        ("--profile-steps", settings.profile_steps),
+        ("--precision mixed_float16", settings.precision == "mixed_float16"),
+        ("--jit-compile", settings.jit_compile)) if asked]
+    if refused:
+        raise UserError(
+            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, backups, "
+            "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
+            "every step with XLA anyway); run with KERAS_BACKEND=tensorflow")
+
+
+def versions():
+    """The JAX versions a run record names."""
+    return {"jax_version": _version("jax"), "jaxlib_version": _version("jaxlib"),
+            "libtpu_version": _version("libtpu")}

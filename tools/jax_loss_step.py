@@ -1,0 +1,94 @@
+"""One SGD step of the article's model on Keras' JAX backend, on 1 and on N devices.
+
+    JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py 8:1 8:8 [--json FILE]
+
+For each `N:scale`: `pyimagesearch`'s AutoEncoder and MSELoss(scale) take one
+SGD step on DataParallel over N JAX CPU devices, from the same weights on
+the same global batch as on one device. Prints (and with --json writes) the
+ratio of the step to the one-device step (1.000: the same step; projected
+onto it) and the largest difference between the two. With the article's
+scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
+(tests/test_loss_scaling.py): one jitted step sees the whole global batch.
+Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+os.environ["KERAS_BACKEND"] = "jax"  # before Keras' import: this tool is JAX's
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402
+from pyimagesearch.loss import MSELoss  # noqa: E402
+from pyimagesearch.training.data_parallel import DataParallel  # noqa: E402
+
+GLOBAL_BATCH = 32
+LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off
+
+
+def one_step(devices, scale, images):
+    """The update of one SGD step from seed 0's weights, on DataParallel over `devices`."""
+    keras.utils.set_random_seed(0)
+    strategy = DataParallel(devices=keras.distribution.list_devices("cpu")[:devices])
+    with strategy.scope():
+        model = AutoEncoder()
+        model.compile(loss=MSELoss(scale=scale), optimizer=keras.optimizers.SGD(LEARNING_RATE))
+        before = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+        model.fit(images, images, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    after = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    assert strategy.num_replicas_in_sync == devices
+    return np.concatenate([(a - b).ravel() for a, b in zip(after, before)])
+
+
+def case(text):
+    """'N:scale': devices and MSELoss's scale, each at least 1."""
+    try:
+        devices, scale = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:SCALE, such as 8:1, got {text!r}")
+    if devices < 1 or scale < 1:
+        raise argparse.ArgumentTypeError(f"N and SCALE must be at least 1, got {text!r}")
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="+", type=case, metavar="N:SCALE")
+    parser.add_argument("--json", metavar="FILE", help="also write the record here")
+    args = parser.parse_args(argv)
+    available = len(keras.distribution.list_devices("cpu"))
+    wanted = max(int(text.split(":")[0]) for text in args.cases)
+    if wanted > available:
+        parser.exit(2, f"jax_loss_step.py: error: {wanted} devices asked for, JAX has "
+                       f"{available}: set JAX_NUM_CPU_DEVICES={wanted}\n")
+    images = np.random.default_rng(7).random((GLOBAL_BATCH, 28, 28, 1)).astype("float32")
+    reference = one_step(1, 1, images)
+    record = {"command": ["jax_loss_step.py", *(argv if argv is not None else sys.argv[1:])],
+              "backend": keras.backend.backend(), "keras_version": keras.__version__,
+              "jax_version": jax.__version__, "python": platform.python_version(),
+              "date": datetime.date.today().isoformat(), "global_batch": GLOBAL_BATCH,
+              "learning_rate": LEARNING_RATE, "step_size": float(np.abs(reference).max()),
+              "steps": {}}
+    for text in args.cases:
+        devices, scale = (int(part) for part in text.split(":"))
+        update = one_step(devices, scale, images)
+        record["steps"][text] = {
+            "ratio": float(np.dot(update, reference) / np.dot(reference, reference)),
+            "max_difference": float(np.abs(update - reference).max())}
+    print(json.dumps(record))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(record, handle, indent=1)
+            handle.write("\n")
+
+
+if __name__ == "__main__":
+    main()
