@@ -11,8 +11,15 @@ import textwrap
 
 import pytest
 
+from pyimagesearch.platforms import backend
 from pyimagesearch.platforms import host as hosts
 from pyimagesearch.platforms import notebook, tpu_runtime
+
+
+@pytest.fixture(autouse=True)
+def tensorflow_tpu_installed(monkeypatch):
+    """TensorFlow's TPU route, as with tensorflow-tpu installed (JAX's: tests/test_jax_route.py)."""
+    monkeypatch.setattr(backend, "tensorflow_tpu_installed", lambda: True)
 
 V5E, V3 = "0x0063", "0x0027"
 
@@ -514,11 +521,34 @@ def test_requirements_tpu_pins_the_libtpu_its_records_resolved(repo):
 
     lines = (repo / "requirements-tpu.txt").read_text().splitlines()
     pins = [line for line in lines if line.startswith("libtpu")]
-    assert pins == ["libtpu==0.0.18"]
+    assert pins == ["libtpu==0.0.10"]  # what tensorflow-tpu 2.19.1 pins itself
+    assert "tensorflow-tpu==2.19.1" in lines
     assert not any(line.startswith("--find-links") for line in lines)
-    for python in ("311", "312"):
+    for python in ("310", "311", "312"):  # Cloud TPU VMs' Python, CI's, Kaggle's
         record = json.loads((repo / f"outputs/quoted/tpu/dry_run_py{python}.json").read_text())
         assert record["exit_status"] == 0
-        assert record["would_install"]["libtpu"] == "0.0.18"
-        assert record["would_install"]["tensorflow_tpu"].startswith("2.20.")
-    assert "**`libtpu==0.0.18`**" in (repo / "docs/tpus.md").read_text()
+        assert record["would_install"]["libtpu"] == "0.0.10"
+        assert record["would_install"]["tensorflow_tpu"] == "2.19.1"
+    assert "**`libtpu==0.0.10`**" in (repo / "docs/tpus.md").read_text()
+
+
+def test_train_tpu_chooses_its_own_backend_and_the_others_run_on_tensorflow(monkeypatch):
+    # JAX-first TPU images set KERAS_BACKEND=jax: not a choice the notebook made
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    assert "KERAS_BACKEND" not in notebook.script_environment("train_tpu.py")
+    for script in ("train_cpu.py", "train_gpu.py", "compare.py", None):
+        assert notebook.script_environment(script)["KERAS_BACKEND"] == "tensorflow"
+
+
+@pytest.mark.parametrize("installed, route", [
+    ({"jax": "0.7.2"}, True),                                   # Colab's and Kaggle's images
+    ({"jax": "0.7.2", "tensorflow-tpu": "2.19.1"}, False),      # tensorflow-tpu: its route
+    ({}, False),                                                # no JAX: TensorFlow's
+])
+def test_the_notebook_takes_the_jax_route_where_train_tpu_does(installed, route):
+    tpu = hosts.Host("colab", 0, 1, "v5e")
+    assert notebook.jax_route(tpu, installed.get) is route
+    assert notebook.jax_route(hosts.Host("colab", 0, 0, ""), installed.get) is False
+    # the same rule as the script's own (platforms/backend.py)
+    chosen = backend.tpu_route({}, tpu, "jax" in installed, "tensorflow-tpu" in installed)
+    assert (chosen == "jax") is route
