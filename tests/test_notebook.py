@@ -390,7 +390,15 @@ def test_the_matmul_table_puts_the_runs_records_beside_the_articles_timings(tmp_
 ])
 def test_the_matmul_is_timed_on_a_gpu_or_tpu_and_on_a_cpu_when_asked(host, device, setting,
                                                                       timed):
-    assert driver.matmul_wanted(host, device, setting) is timed
+    tensorflow_tpu = {"tensorflow-tpu": "2.19.1", "jax": "0.7.2"}.get  # TensorFlow's TPU route
+    assert driver.matmul_wanted(host, device, setting, tensorflow_tpu) is timed
+
+
+@pytest.mark.parametrize("setting", ["auto", True])
+def test_on_a_jax_tpu_image_the_matmul_is_not_timed_and_one_line_says_why(setting, capsys):
+    jax_image = {"jax": "0.7.2"}.get  # Colab's: TensorFlow there is tensorflow-cpu
+    assert driver.matmul_wanted(Host("colab", 0, 1, "v5e"), "auto", setting, jax_image) is False
+    assert capsys.readouterr().out.startswith("[INFO] the matmul is not timed on this TPU: ")
 
 
 def test_the_losses_numbers_come_from_the_committed_record(tmp_path):
@@ -403,6 +411,9 @@ def test_the_losses_numbers_come_from_the_committed_record(tmp_path):
         {"keras_version": "3", "tensorflow_version": "2", "listings": {}}))
     assert table.count("not measured") == 2  # tf.keras 2 was measured on 2 replicas only
     assert driver.loss_scaling_rows(tmp_path / "listings.json").count("not measured") == 10
+    assert "| `MSELoss(scale=1)`, N=8 | 1.000 |" in table  # on JAX: the article's scale
+    assert "| `MSELoss(scale=8)`, N=8 | 0.125 |" in table
+    assert driver.jax_loss_rows(tmp_path) == "\n\nOn Keras' JAX backend: not measured."
 
 
 @pytest.mark.parametrize("host, said", [

@@ -39,7 +39,7 @@ DRIVE_MOUNT = "/content/drive"
 DRIVE_FOLDER = "MyDrive/fast-training-runs"  # under the mount: survives a change of runtime
 KAGGLE_FOLDER = "/kaggle/working/fast-training-runs"
 LOCAL_FOLDER = "outputs/notebook"
-TENSORFLOW = "tensorflow>=2.20,<2.22"  # requirements.txt's; the GPU form adds [and-cuda]
+TENSORFLOW = "tensorflow>=2.19,<2.22"  # requirements.txt's; the GPU form adds [and-cuda]
 CHANGE_RUNTIME = {
     "colab": "Runtime > Change runtime type, then pick {kind}",
     "kaggle": "Settings > Accelerator, then pick {kind}",
@@ -174,10 +174,20 @@ def _installed_requires(name):
         return []
 
 
-def _requirements_file(host, repo):
-    """requirements-tpu.txt on a TPU runtime, requirements.txt elsewhere."""
-    return os.path.join(repo, "requirements-tpu.txt" if host.accelerator == "tpu"
-                        else "requirements.txt")
+def jax_route(host, version_of=_installed_version):
+    """True where train_tpu.py runs Keras on JAX: a TPU image with JAX and no tensorflow-tpu
+    (Colab's and Kaggle's; platforms/backend.py)."""
+    return (host.accelerator == "tpu" and version_of("jax") is not None
+            and version_of("tensorflow-tpu") is None)
+
+
+def _requirements_file(host, repo, version_of=_installed_version):
+    """requirements-jax-tpu.txt on a JAX TPU image, requirements-tpu.txt on another TPU,
+    requirements.txt elsewhere."""
+    if host.accelerator != "tpu":
+        return os.path.join(repo, "requirements.txt")
+    return os.path.join(repo, "requirements-jax-tpu.txt" if jax_route(host, version_of)
+                        else "requirements-tpu.txt")
 
 
 def install_commands(host, repo=".", version_of=_installed_version):
@@ -192,17 +202,22 @@ def install_commands(host, repo=".", version_of=_installed_version):
     carries tensorflow, Kaggle's tensorflow-cpu, and either would share
     tensorflow-tpu's files.
     """
-    path = _requirements_file(host, repo)
-    build = "tensorflow-tpu" if host.accelerator == "tpu" else "tensorflow"
+    path = _requirements_file(host, repo, version_of)
     specs = _requirements(path)
     unmet = _unmet(specs, version_of)
+    pip = (sys.executable, "-m", "pip")
+    if jax_route(host, version_of):  # only what the image lacks: nothing is removed or replaced
+        has_tensorflow = any(version_of(name) for name in TENSORFLOW_BUILDS)
+        unmet = [spec for spec in unmet if not (has_tensorflow and _name(spec) in
+                                                TENSORFLOW_BUILDS)]
+        return [pip + ("install", *unmet)] if unmet else []
+    build = "tensorflow-tpu" if host.accelerator == "tpu" else "tensorflow"
     installed = [name for name in TENSORFLOW_BUILDS if version_of(name) is not None]
     others = [name for name in installed if name != build]
     if others:  # every build goes, and this runtime's is installed afresh
         unmet = [spec for spec in specs if spec in unmet or _name(spec) == build]
     if not unmet:
         return []
-    pip = (sys.executable, "-m", "pip")
     commands = [pip + ("uninstall", "-y", *installed)] if others else []
     if host.accelerator == "tpu":
         return commands + [pip + ("install", "-r", path)]
@@ -232,8 +247,8 @@ def jax_note(host, repo=".", version_of=_installed_version, requires_of=_install
     """
     from packaging.requirements import Requirement
 
-    pinned = [Requirement(spec) for spec in _requirements(_requirements_file(host, repo))
-              if _name(spec) == "libtpu"]
+    pinned = [Requirement(spec) for spec in _requirements(
+        _requirements_file(host, repo, version_of)) if _name(spec) == "libtpu"]
     jax, current = version_of("jax"), version_of("libtpu")
     if host.accelerator != "tpu" or not pinned or jax is None or current is None:
         return ""
@@ -401,15 +416,19 @@ def _drive_folder(mount):
 
 # --- running the scripts ----------------------------------------------------------------
 
-def script_environment():
-    """The environment a script runs in: TensorFlow's Keras, output as it comes.
+def script_environment(script=None):
+    """The environment `script` runs in: its Keras backend, output as it comes.
 
     Without the kernel's TPU_LOAD_LIBRARY=0 (runtime): each script decides
     for itself, and only the TPU run lets TensorFlow load libtpu.
+    train_tpu.py chooses its own backend (JAX on a JAX TPU image:
+    platforms/backend.py); the others are TensorFlow's.
     """
     environ = tpu_runtime.without_our_hold(dict(os.environ))
-    # JAX-first TPU images set KERAS_BACKEND=jax; the scripts are TensorFlow's
-    environ["KERAS_BACKEND"] = "tensorflow"
+    if script and os.path.basename(script) == "train_tpu.py":
+        environ.pop("KERAS_BACKEND", None)  # an image's KERAS_BACKEND=jax is not a choice
+    else:  # JAX-first TPU images set KERAS_BACKEND=jax; these scripts are TensorFlow's
+        environ["KERAS_BACKEND"] = "tensorflow"
     environ["PYTHONUNBUFFERED"] = "1"
     return environ
 
@@ -423,7 +442,7 @@ def run_script(argv, repo="."):
     then says what it left on disk.
     """
     print("[INFO] $ python " + " ".join(argv), flush=True)
-    process = subprocess.Popen((sys.executable, *argv), cwd=repo, env=script_environment(),
+    process = subprocess.Popen((sys.executable, *argv), cwd=repo, env=script_environment(argv[0]),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                errors="replace")
     held = []  # stderr's latest line, not shown yet
@@ -564,13 +583,18 @@ def matmul_device(host, device="auto"):
     return host.accelerator if device in ("auto", host.accelerator) else "cpu"
 
 
-def matmul_wanted(host, device="auto", setting="auto"):
+def matmul_wanted(host, device="auto", setting="auto", version_of=_installed_version):
     """Whether to time the matmul here: TIME_MATMUL, "auto" on a GPU or TPU only.
 
     On a CPU runtime it is the first Run all's dearest minute after the
     training (TensorFlow's start and a 1 GiB operand), and the table shows
     this repository's CPU record beside the article's instead.
     """
+    if setting and matmul_device(host, device) == "tpu" and jax_route(host, version_of):
+        # the benchmark is TensorFlow's, and on a JAX image TensorFlow has no TPU
+        print("[INFO] the matmul is not timed on this TPU: tools/matmul_benchmark.py is "
+              "TensorFlow's, and this image's TPU is JAX's (tensorflow-cpu reads the data)")
+        return False
     if setting == "auto":
         return matmul_device(host, device) != "cpu"
     return bool(setting)
@@ -757,6 +781,7 @@ def _first_line(path):
 
 ARTICLE_MATMUL = {"CPU": 0.79, "GPU": 0.000436, "TPU (8 cores)": 0.06}  # naive, its listings
 LISTINGS_RECORD = "outputs/quoted/listings/tf221.json"  # tools/check_listings.py's record
+JAX_LOSS_RECORD = "outputs/quoted/listings/jax_loss_step.json"  # tools/jax_loss_step.py's
 MATMUL_RECORD = "outputs/quoted/benchmarks/matmul_cpu.json"  # tools/matmul_benchmark.py's
 
 
@@ -844,6 +869,22 @@ def loss_scaling_rows(path=LISTINGS_RECORD, repo="."):
                     f"error, N={replicas} | {_last(new)} | {_last(old)} |")
     rows.append(f"\n*From `{path}`: `tools/check_listings.py` ran these listings as "
                 "processes, on logical CPU devices.*")
+    return "\n".join(rows) + jax_loss_rows(repo)
+
+
+def jax_loss_rows(repo=".", path=JAX_LOSS_RECORD):
+    """The Losses section's JAX numbers, from tools/jax_loss_step.py's record: Markdown."""
+    try:
+        record = json.loads(pathlib.Path(repo, path).read_text())
+        steps = record["steps"]
+    except (OSError, ValueError, KeyError):
+        return "\n\nOn Keras' JAX backend: not measured."
+    rows = [f"\n\n| on Keras' JAX backend (JAX {record['jax_version']}), N devices | "
+            "one SGD step over the step on 1 device |", "| --- | --- |"]
+    rows += [f"| `MSELoss(scale={case.split(':')[1]})`, N={case.split(':')[0]} | "
+             f"{step['ratio']:.3f} |" for case, step in steps.items()]
+    rows.append(f"\n*From `{path}`: `tools/jax_loss_step.py` on JAX CPU devices: on JAX the "
+                "article's `scale=1` is right, as one jitted step sees the global batch.*")
     return "\n".join(rows)
 
 
