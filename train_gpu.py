@@ -51,8 +51,8 @@ def main(argv=None):  # +
     # + EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
     config, plan = cli.configure("gpu", args, strategy)  # +
 
-    # fix the random seed for reproducibility: the article's tf.random.set_seed(42)
-    # comes first; config.SEED (42, or --seed) seeds Python and NumPy too
+    # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
+    # right after its import; here config.SEED (42, or --seed), once the flags are read
     tf.keras.utils.set_random_seed(config.SEED)
     run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
 

@@ -57,8 +57,8 @@ def main(argv=None):  # +
     # + it, EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
     config, plan = cli.configure("tpu", args, strategy)  # +
 
-    # fix the random seed for reproducibility: the article's tf.random.set_seed(42)
-    # comes first; config.SEED (42, or --seed) seeds Python and NumPy too
+    # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
+    # right after its import; here config.SEED (42, or --seed), once the flags are read
     tf.keras.utils.set_random_seed(config.SEED)
     run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
 
@@ -70,8 +70,8 @@ def main(argv=None):  # +
         batchSize=config.TPU_BATCH_SIZE,
         plan=plan, skip=run.start)  # + the data source; steps a backup holds
 
-    # get the validation dataset: config.TPU_VALIDATION_STEPS (9) full batches
-    # of it, cut here (fit's validation_steps: see the fit below)
+    # get the validation dataset: config.TPU_VALIDATION_STEPS (9 on MNIST, 1 on the
+    # sample) full batches of it, cut by get_data as the plan says (see the fit below)
     valDs = get_data(dataName=config.DATA_NAME,
         split=config.VALIDATION_FLAG, batchSize=config.TPU_BATCH_SIZE,
         plan=plan)  # +
