@@ -26,8 +26,9 @@ Keras 3 on JAX (train_tpu.py's route on Colab's and Kaggle's TPUs) is
 different: under `keras.distribution.DataParallel` one jitted step sees the
 whole global batch, split across the devices by its sharding, so the mean
 over it is already the mean over every replica's images: the article's
-`MSELoss(scale=1)` is right there (tests/test_loss_scaling.py: the same SGD
-step as one device, on 2 and 8 JAX CPU devices).
+`MSELoss(scale=1)` is right there (tools/jax_loss_step.py and
+tests/test_jax_route.py: the same SGD step as one device, on 2 and 8 JAX CPU
+devices).
 """
 import keras
 from keras import ops

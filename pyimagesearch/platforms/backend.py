@@ -23,7 +23,7 @@ import sys
 
 ENV = "KERAS_BACKEND"
 ROUTES = ("tensorflow", "jax")
-JAX_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # jax 0.4.34 and later: N CPU devices
+JAX_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # N CPU devices; read by jax 0.5.1 and later
 JAX_PLATFORMS_ENV = "JAX_PLATFORMS"
 
 

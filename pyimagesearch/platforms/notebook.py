@@ -30,7 +30,7 @@ import threading
 import time
 import tokenize
 
-from pyimagesearch.platforms import tpu_runtime
+from pyimagesearch.platforms import backend, tpu_runtime
 from pyimagesearch.platforms.host import ROOT_ENV, detect
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
@@ -175,10 +175,10 @@ def _installed_requires(name):
 
 
 def jax_route(host, version_of=_installed_version):
-    """True where train_tpu.py runs Keras on JAX: a TPU image with JAX and no tensorflow-tpu
-    (Colab's and Kaggle's; platforms/backend.py)."""
-    return (host.accelerator == "tpu" and version_of("jax") is not None
-            and version_of("tensorflow-tpu") is None)
+    """True where train_tpu.py runs Keras on JAX by itself: backend.tpu_route's rule, on what
+    this image has installed (a TPU with JAX and no tensorflow-tpu: Colab's and Kaggle's)."""
+    return backend.tpu_route({}, host, version_of("jax") is not None,
+                             version_of("tensorflow-tpu") is not None) == "jax"
 
 
 def _requirements_file(host, repo, version_of=_installed_version):
@@ -442,9 +442,9 @@ def run_script(argv, repo="."):
     then says what it left on disk.
     """
     print("[INFO] $ python " + " ".join(argv), flush=True)
-    process = subprocess.Popen((sys.executable, *argv), cwd=repo, env=script_environment(argv[0]),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               errors="replace")
+    process = subprocess.Popen((sys.executable, *argv), cwd=repo,
+                               env=script_environment(argv[0]), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, errors="replace")
     held = []  # stderr's latest line, not shown yet
 
     def relay_stderr():
