@@ -19,36 +19,15 @@ Imports run downwards only: the scripts, then cli, strategies and outputs,
 then data, then datasets/ and training/ (datasets/ uses training's errors,
 files, workarounds and network probe; training/ never imports datasets/),
 and config, autoencoder and loss, which import nothing of the package.
-platforms/ imports only training's errors and network probe, and nothing
-that loads TensorFlow.
+platforms/ imports only training's errors, workarounds and network probe,
+and nothing that loads TensorFlow.
 
-Importing the package does not import TensorFlow: a TPU v5e or v6e needs
-TensorFlow's runtime chosen first (platforms/tpu_runtime.py), and the
-notebook's kernel never loads it. It does set TPU_LOAD_LIBRARY=0 (unless
-set already), so that tensorflow-tpu's import leaves a TPU's chips alone in
-every process of this repository but the TPU run, whose first line takes
-it back out (tpu_runtime.prepare). The first module that needs TensorFlow
-imports it, quietly. `outputs.load_model` loads a saved `outputs/cpu.keras`
-with this package's classes registered.
+Importing the package changes nothing: no environment variable, no import
+hook, no file descriptor, and no TensorFlow (a TPU v5e or v6e needs
+TensorFlow's runtime chosen first, and the notebook's kernel never loads
+it). What a process needs before TensorFlow loads, each script and tool
+asks for in one marked call in its first lines (platforms/startup.py):
+`backend.tensorflow()`, or train_tpu.py's `tpu_runtime.prepare(argv)`.
+`outputs.load_model` loads a saved `outputs/cpu.keras` with this package's
+classes registered.
 """
-import os
-
-from pyimagesearch.platforms.tpu_runtime import leave_the_tpu_alone
-from pyimagesearch.training.workarounds import (VERBOSE_ENV, open_closed_standard_streams,
-                                                quiet_tensorflow_import)
-
-open_closed_standard_streams()  # `>&-`: no file opened later may take fd 1 or 2
-
-if not os.environ.get(VERBOSE_ENV):
-    # TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a
-    # strategy feeds its devices) are not for readers; warnings and errors
-    # still show. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-# tensorflow-tpu's import loads libtpu, takes the TPU's lock and initialises
-# it, in any process, unless TPU_LOAD_LIBRARY=0: a rehearsal, train_cpu.py,
-# compare.py or TensorBoard would hold the chips the TPU run needs (and wait
-# minutes for a metadata server off Google Cloud). The TPU run alone undoes it.
-leave_the_tpu_alone()
-
-quiet_tensorflow_import()  # its C++ start-up notices are not for readers

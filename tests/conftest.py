@@ -10,7 +10,6 @@ import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["KERAS_BACKEND"] = "tensorflow"  # this session's Keras (JAX's tests start their own)
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 # the tools are scripts, not a package: tests import them by name, as
@@ -19,7 +18,11 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import pytest  # noqa: E402
 
-import pyimagesearch  # noqa: E402,F401  (first: TensorFlow's start-up notices stay quiet)
+from pyimagesearch.platforms import backend  # noqa: E402
+
+# as the scripts' first call: quiet TensorFlow, the TPU left alone, and Keras on TensorFlow
+# (this session's; JAX's tests start processes of their own)
+backend.tensorflow()
 import pyimagesearch.outputs  # noqa: E402,F401  (the classes keras.saving.load_model needs)
 import tensorflow as tf  # noqa: E402
 

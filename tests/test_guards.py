@@ -118,6 +118,27 @@ def test_an_abbreviated_flag_is_refused_in_one_line(monkeypatch, capsys, call, a
 
 # --- KERAS_BACKEND --------------------------------------------------------------------------
 
+IMPORT_CHANGES = r"""
+import json, os, sys
+before = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
+import pyimagesearch, pyimagesearch.platforms.notebook  # noqa
+import pyimagesearch.platforms.backend, pyimagesearch.platforms.startup  # noqa
+after = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
+print(json.dumps({"same": before == after, "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_importing_the_package_changes_nothing(repo):
+    # no environment variable, no import hook, no file descriptor, no TensorFlow:
+    # the scripts' first call does what a process needs (platforms/startup.py)
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHANGES], cwd=repo,
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("TPU_LOAD_LIBRARY", "TF_CPP_MIN_LOG_LEVEL")})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"same": True, "tensorflow": False}
+
+
 def test_importing_the_package_leaves_keras_backend_as_it_is(repo):
     # the scripts choose: train_tpu.py may run on JAX, train_cpu.py sets it aside
     done = subprocess.run(
@@ -247,7 +268,8 @@ def test_a_signalled_launcher_ends_each_workers_children_too(repo, reap, sig):
 # prints to both streams, reads stdin, and records how fds 0-2 are open
 STREAMS = """
 import json, os, sys
-import pyimagesearch
+from pyimagesearch.platforms import startup
+startup.process()  # as every script's first call does
 modes = {}
 for fd in (0, 1, 2):
     with open(f"/proc/self/fdinfo/{fd}") as info:

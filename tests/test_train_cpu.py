@@ -282,7 +282,8 @@ def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
 
 CLOSED_STREAMS = r"""
 import json, os, sys
-import pyimagesearch
+from pyimagesearch.platforms import startup
+startup.process()  # as every script's first call does
 from pyimagesearch import cli
 
 def main(argv):

@@ -4,8 +4,9 @@ Keras 3 reads KERAS_BACKEND once, at its first import. train_cpu.py,
 train_gpu.py and the tools are TensorFlow's (tf.distribute strategies, its
 device set-up): `tensorflow()` sets the variable for them, and says so in one
 line when the environment asked for another backend (JAX-first TPU images
-set KERAS_BACKEND=jax). train_tpu.py has two routes, and
-`tpu_runtime.prepare` picks one with `tpu_route`:
+set KERAS_BACKEND=jax); it first makes the process's set-up (startup.py).
+train_tpu.py has two routes, and `tpu_runtime.prepare` picks one with
+`tpu_route`:
 
 - "jax": Keras on JAX, `keras.distribution.DataParallel` over the TPU's
   chips; what Colab's and Kaggle's TPU images are built for (they ship
@@ -21,6 +22,8 @@ import importlib.util
 import os
 import sys
 
+from pyimagesearch.platforms import startup
+
 ENV = "KERAS_BACKEND"
 ROUTES = ("tensorflow", "jax")
 JAX_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # N CPU devices; read by jax 0.5.1 and later
@@ -28,7 +31,11 @@ JAX_PLATFORMS_ENV = "JAX_PLATFORMS"
 
 
 def tensorflow(environ=None):
-    """KERAS_BACKEND=tensorflow for this process, said in one line if another was asked for."""
+    """This process's set-up (startup.process), and KERAS_BACKEND=tensorflow, said in one
+    line if another backend was asked for: the first call of every script and tool but
+    train_tpu.py. `environ`: a stand-in for tests, which then gets the variable only."""
+    if environ is None:
+        startup.process()
     environ = os.environ if environ is None else environ
     asked = environ.get(ENV, "tensorflow")
     if asked != "tensorflow":

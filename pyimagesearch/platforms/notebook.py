@@ -30,7 +30,7 @@ import threading
 import time
 import tokenize
 
-from pyimagesearch.platforms import backend, tpu_runtime
+from pyimagesearch.platforms import backend, startup, tpu_runtime
 from pyimagesearch.platforms.host import ROOT_ENV, detect
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
@@ -75,7 +75,7 @@ def runtime(device="auto", root=None, environ=None, modules=None):
     """
     if device not in DEVICES:
         raise NotebookStop(f"DEVICE is {device!r}; choose one of {', '.join(DEVICES)}")
-    tpu_runtime.leave_the_tpu_alone(environ)
+    startup.leave_the_tpu_alone(environ)
     host = detect(root, environ, modules)
     print(f"[INFO] runtime: {host.describe()}")
     return host
@@ -424,7 +424,7 @@ def script_environment(script=None):
     train_tpu.py chooses its own backend (JAX on a JAX TPU image:
     platforms/backend.py); the others are TensorFlow's.
     """
-    environ = tpu_runtime.without_our_hold(dict(os.environ))
+    environ = startup.without_our_hold(dict(os.environ))
     if script and os.path.basename(script) == "train_tpu.py":
         environ.pop("KERAS_BACKEND", None)  # an image's KERAS_BACKEND=jax is not a choice
     else:  # JAX-first TPU images set KERAS_BACKEND=jax; these scripts are TensorFlow's

@@ -5,9 +5,9 @@ this module decides them first (docs/tpus.md has the sources):
 
 - **Whether this process takes the TPU at all.** tensorflow-tpu's import
   opens libtpu, takes its lock (/tmp/libtpu_lockfile) and initialises it,
-  unless TPU_LOAD_LIBRARY=0. `leave_the_tpu_alone` sets that; the package's
-  __init__ calls it, so every script, tool and notebook kernel of this repo
-  leaves the chips alone. `prepare` takes it back out for the one process
+  unless TPU_LOAD_LIBRARY=0. `startup.leave_the_tpu_alone` sets that; every
+  script's and tool's first call (startup.process) and the notebook's kernel
+  make it, so they leave the chips alone. `prepare` takes it back out for the one process
   that trains on the TPU (train_tpu.py, tools/matmul_benchmark.py --device
   tpu), and never for a rehearsal. A TPU_LOAD_LIBRARY of the user's own
   stays as it is everywhere.
@@ -34,18 +34,15 @@ import importlib.metadata
 import os
 import sys
 
-from pyimagesearch.platforms import backend
+from pyimagesearch.platforms import backend, startup
+# who takes the TPU: TPU_LOAD_LIBRARY=0 keeps libtpu unloaded (startup.py)
+from pyimagesearch.platforms.startup import (LOAD_LIBRARY, OURS, leave_the_tpu_alone,  # noqa: F401
+                                             without_our_hold)
 from pyimagesearch.platforms.host import detect
 
 USE_C_API = "NEXT_PLUGGABLE_DEVICE_USE_C_API"
 LIBRARY_PATH = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
 TPU_LIBRARY_PATH = "TPU_LIBRARY_PATH"  # the libtpu TensorFlow's own loader opens at import
-# "0": TensorFlow's loader (and libtpu's, under PJRT) refuses to load libtpu,
-# so the import takes no lock and initialises nothing; "1": loads it without
-# the lock. Read by TryAcquireTpuLock (xla/stream_executor/tpu/tpu_initialize_util.cc),
-# which tensorflow-tpu's import calls (tensorflow/core/tpu/tpu_api_dlsym_initializer.cc)
-LOAD_LIBRARY = "TPU_LOAD_LIBRARY"
-OURS = "PYIMAGESEARCH_TPU_LOAD_LIBRARY"  # "0": the TPU_LOAD_LIBRARY=0 beside it is this package's
 RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJRT on v2-v4 too
 RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
@@ -113,25 +110,6 @@ def libtpu_version():
         return "not installed"
 
 
-def leave_the_tpu_alone(environ=None):
-    """TPU_LOAD_LIBRARY=0 in `environ` (os.environ), unless the user set it: TensorFlow's import
-    (and every process started from here) then leaves the TPU alone; `prepare` undoes it.
-
-    Cheap and harmless without tensorflow-tpu: only its TPU loader and
-    libtpu read the variable.
-    """
-    environ = os.environ if environ is None else environ
-    if LOAD_LIBRARY not in environ:
-        environ[LOAD_LIBRARY] = environ[OURS] = "0"
-
-
-def without_our_hold(environ):
-    """`environ` without the TPU_LOAD_LIBRARY=0 of `leave_the_tpu_alone`; the user's own stays."""
-    if environ.pop(OURS, None) is not None and environ.get(LOAD_LIBRARY) == "0":
-        del environ[LOAD_LIBRARY]
-    return environ
-
-
 def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     """For the TPU run: choose its Keras backend (backend.tpu_route); on TensorFlow, let it
     load libtpu and set PJRT's variables if this TPU needs them; what was done, in words.
@@ -143,6 +121,8 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     global prepared
     from pyimagesearch.training.errors import UserError
 
+    if environ is None:  # this process: its set-up before TensorFlow's import first
+        startup.process()
     try:
         prepared = _prepare(argv, os.environ if environ is None else environ, host,
                             library_path)
