@@ -135,6 +135,8 @@ RESUMED = "resume/cpu.json"
 PREEMPTED = "preemption/cpu.json"
 CLUSTER_PREEMPTED = "preemption/cluster/gpu_rehearsal.json"
 INTEL = "machines/intel_xeon.json"
+JAX_REHEARSAL = "jax/tpu_rehearsal_jax.json"
+JAX_TF_REHEARSAL = "jax/tpu_rehearsal.json"
 
 
 def _large_batch_row(label, record):
@@ -165,6 +167,13 @@ QUOTES = [
     Quote("README.md", "gave a naive {naive} s and a measured median of {median} s",
           {"naive": Figure(MATMUL, ("naive_seconds",), "{:.2f}"),
            "median": Figure(MATMUL, ("seconds", "median"), "{:.3f}")}),
+    Quote("docs/tpus.md", "Keras on JAX with `scale=1` ends at loss {loss} and val_loss {val}",
+          {"loss": _loss(JAX_REHEARSAL), "val": _val(JAX_REHEARSAL)}),
+    Quote("docs/tpus.md", "configuration with `scale=8` at loss {loss} and val_loss {val}",
+          {"loss": _loss(JAX_TF_REHEARSAL), "val": _val(JAX_TF_REHEARSAL)}),
+    Quote("docs/tpus.md", "The JAX epochs took {jax} s after the first, TensorFlow's {tf} s",
+          {"jax": Figure(JAX_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first"),
+           "tf": Figure(JAX_TF_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
     Quote("README.md", "The op moves {gb} GB for {gflop} GFLOP",
           {"gb": _giga(MATMUL, "bytes_moved"), "gflop": _giga(MATMUL, "flops")}),
 ]

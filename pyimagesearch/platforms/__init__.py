@@ -4,6 +4,8 @@
   TPU chips of this machine, from files and environment variables;
 - `tpu_runtime`: the runtime TensorFlow must reach a TPU v5e or v6e
   through, set up before TensorFlow is imported;
+- `startup`: what every script and tool sets up before TensorFlow loads, in
+  its first call (importing the package sets nothing);
 - `backend`: Keras' backend for each script, TensorFlow or (train_tpu.py on a
   JAX TPU image) JAX, chosen before Keras is imported;
 - `jobset`: the TF_CONFIG of a pod of a Kubernetes JobSet, from its index;
