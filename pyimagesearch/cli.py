@@ -25,7 +25,7 @@ from pyimagesearch import config
 from pyimagesearch.datasets.sources import SOURCES
 from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
 from pyimagesearch.training.errors import NothingToDo, PeerLost, Preempted, UserError, first_line
-from pyimagesearch.training.plan import Settings, figure_path
+from pyimagesearch.training.settings import Settings, figure_path
 from pyimagesearch.training.precision import PRECISIONS
 
 EXIT_USER_ERROR = UserError.exit_status

@@ -21,7 +21,7 @@ from pyimagesearch.platforms.host import detect
 from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
 from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.training.files import join, scratch_folder, write_json
-from pyimagesearch.training.plan import flags_apart
+from pyimagesearch.training.settings import flags_apart
 from pyimagesearch.training.publish import StagedOutputs, published
 
 def load_model(path):

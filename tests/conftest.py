@@ -48,12 +48,12 @@ def outputs_name(script_or_device, args=()):
 
     `script_or_device`: "train_gpu.py" (any path) or "gpu"; `args`: the
     script's flags as typed (numbers may be ints). The name is the scripts'
-    own (plan.run_name: the device, `rehearsal`, each flag off the script's
+    own (settings.run_name: the device, `rehearsal`, each flag off the script's
     defaults, the runtime's suffix), worked out from the flags as the script
     parses them, without the side effects of cli.parse_args.
     """
     from pyimagesearch import cli
-    from pyimagesearch.training.plan import Settings, run_name
+    from pyimagesearch.training.settings import Settings, run_name
 
     device = os.path.basename(str(script_or_device))
     device = device.removeprefix("train_").removesuffix(".py")

@@ -880,6 +880,8 @@ def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
 # end (`cli.run_main(main)` is their last line), with a main() that writes nothing
 ENDED_RUN = r"""
 import os, signal, sys
+from pyimagesearch.platforms import backend
+backend.tensorflow()  # as every script's first call does
 from pyimagesearch import cli
 sys.argv = ["train_cpu.py"]
 def main(argv):

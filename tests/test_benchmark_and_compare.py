@@ -116,7 +116,8 @@ def _record(device, flags=(), runtime="cpu", rehearse=None, started="2026-12-03T
     runtime's), `rehearse` the logical devices of --rehearse.
     """
     from pyimagesearch import cli
-    from pyimagesearch.training.plan import Settings, flags_apart, plan_run
+    from pyimagesearch.training.plan import plan_run
+    from pyimagesearch.training.settings import Settings, flags_apart
 
     args = cli.build_parser(device, "").parse_args(list(flags))
     settings = Settings.from_args(args)
@@ -191,7 +192,7 @@ def test_a_cpu_then_gpu_then_tpu_session_keeps_every_run_apart(tmp_path, capsys)
 
 
 def test_run_names_are_stable_safe_and_keep_the_articles_for_the_defaults():
-    from pyimagesearch.training.plan import Settings, run_name
+    from pyimagesearch.training.settings import Settings, run_name
 
     assert run_name("cpu", Settings(), runtime="cpu") == "cpu"
     assert run_name("tpu", Settings(batch_size=1024), True, "cpu") == "tpu_rehearsal"

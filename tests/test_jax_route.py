@@ -200,7 +200,7 @@ def test_a_keras_backend_neither_route_takes_is_one_line_and_status_2(repo):
 
 
 def test_the_run_names_keep_jax_apart():
-    from pyimagesearch.training.plan import run_name
+    from pyimagesearch.training.settings import run_name
 
     tf_name = run_name("tpu", Settings(batch_size=1024), True, "cpu")
     jax_name = run_name("tpu", Settings(batch_size=1024), True, "cpu", "jax")

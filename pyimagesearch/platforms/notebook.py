@@ -606,7 +606,7 @@ def time_matmul(device, folder, repo="."):
     Its record is matmul_<device>.json, with the runtime where a GPU or TPU
     runtime's CPU was timed (matmul_cpu_gpu-runtime.json): not the CPU runtime's.
     """
-    from pyimagesearch.training.plan import runtime_suffix  # no TensorFlow
+    from pyimagesearch.training.settings import runtime_suffix  # no TensorFlow
 
     name = f"matmul_{device}{runtime_suffix(device == 'cpu')}.json"
     run_script(("tools/matmul_benchmark.py", "--device", device, "--warmup", "1",

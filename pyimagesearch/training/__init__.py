@@ -1,6 +1,7 @@
 """How a run trains beyond the article's `model.fit`, beneath the scripts and `pyimagesearch.cli`.
 
-- `plan`: `Settings` (from the flags) and `RunPlan` (the numbers a run trains with);
+- `settings`: `Settings` (from the flags) and the name a run's outputs take;
+- `plan`: `RunPlan`, the numbers a run trains with;
 - `callbacks`: the timer, TensorBoard and the profiler, as Keras callbacks;
 - `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
 - `loop`: the custom training loop (`--loop custom`);

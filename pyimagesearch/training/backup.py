@@ -26,7 +26,7 @@ from pyimagesearch.training.cluster import check_workers_agree
 from pyimagesearch.training.errors import Preempted, UserError, first_line
 from pyimagesearch.training.files import (LOCK, join, read_json, scratch_folder, take_lock,
                                           write_json)
-from pyimagesearch.training.plan import default_settings, run_name
+from pyimagesearch.training.settings import default_settings, run_name
 from pyimagesearch.training.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint

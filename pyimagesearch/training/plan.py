@@ -1,4 +1,4 @@
-"""What a run is asked to do (`Settings`, from the flags) and what it works out (`RunPlan`).
+"""What a run works out from what it is asked (`Settings`, settings.py): a `RunPlan`.
 
 `plan_run` turns the settings into the numbers a run trains with on a
 number of replicas (global batch, steps, steps per execution, learning
@@ -8,41 +8,11 @@ and the facts every worker must agree on. `get_data`, the callbacks and the
 outputs all read the plan, never the argparse namespace.
 """
 import dataclasses
-import os
-import re
 import sys
 
 from pyimagesearch import config
 from pyimagesearch.training.errors import UserError
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The training flags, as parsed: every field is a flag of the same name."""
-
-    epochs: int = config.EPOCHS
-    batch_size: int = config.BATCH_SIZE   # per replica on CPU and GPU, global on TPU
-    steps_per_epoch: int | None = None    # None: an epoch of config.TRAIN_IMAGES
-    data_source: str = "auto"
-    data_dir: str | None = None
-    output_dir: str = config.BASE_IMG_PATH
-    seed: int = config.SEED
-    optimizer: str = config.OPTIMIZER
-    learning_rate: float = config.LEARNING_RATE
-    lr_scaling: str = "none"
-    loop: str = "fit"
-    precision: str = "float32"
-    jit_compile: bool = False
-    backup_dir: str | None = None
-    backup_every: int | None = None       # training steps between backups
-    logdir: str | None = None
-    profile_steps: tuple[int, int] | None = None
-
-    @classmethod
-    def from_args(cls, args):
-        """The Settings held by an argparse namespace (other attributes are ignored)."""
-        return cls(**{field.name: getattr(args, field.name)
-                      for field in dataclasses.fields(cls)})
+from pyimagesearch.training.settings import Settings, run_name, this_runtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,92 +265,6 @@ def check_levers(plan, strategy):
                         "Keras compiles the step of every GPU into one XLA program, which "
                         "fails; add --loop custom, which compiles each GPU's step on its own, "
                         "or leave out --jit-compile")
-
-
-# The flags that change what a run trains, in the order of --help: a run's
-# name carries those that differ from the script's defaults. Folders,
-# backups, logs and profiles change where things go, not the run.
-NAMED_FLAGS = ("epochs", "batch_size", "steps_per_epoch", "data_source", "seed", "optimizer",
-               "learning_rate", "lr_scaling", "loop", "precision", "jit_compile")
-
-
-def default_settings(device):
-    """train_<device>.py's defaults: the TPU's batch is the article's global 1024."""
-    return Settings(batch_size=config.TPU_BATCH_SIZE) if device == "tpu" else Settings()
-
-
-def flags_apart(device, settings):
-    """The flags of `settings` that differ from train_<device>.py's defaults, as typed.
-
-    ["--lr-scaling", "sqrt", "--jit-compile"]: what sets the run apart from
-    the default run of its script (NAMED_FLAGS).
-    """
-    return [word for flag, value in _differences(device, settings)
-            for word in (f"--{flag}",) + ((value,) if value is not None else ())]
-
-
-def _differences(device, settings):
-    """(flag, value as typed) for each NAMED_FLAGS field off its default; value None: a switch."""
-    defaults = default_settings(device)
-    for field in NAMED_FLAGS:
-        value = getattr(settings, field)
-        if value != getattr(defaults, field):
-            # a float as Python prints it: every digit that counts, so 0.001 and 0.0011 differ
-            yield field.replace("_", "-"), None if isinstance(value, bool) else str(value)
-
-
-def run_name(device, settings, rehearsal=False, runtime=None, backend="tensorflow"):
-    """The stem of a run's outputs: what sets the run apart from every other run.
-
-    The device's figure name (cpu, gpu, tpu: config.*_IMG_PATH), then
-    `rehearsal`, then each flag that differs from the script's defaults
-    (flags_apart), then `jax` for Keras on JAX, then the runtime where a CPU
-    run or a rehearsal ran on a machine with a GPU or TPU. The default runs
-    on TensorFlow keep the article's names:
-
-        train_cpu.py                                cpu
-        train_tpu.py --rehearse 8                   tpu_rehearsal
-        KERAS_BACKEND=jax train_tpu.py --rehearse 8 tpu_rehearsal_jax
-        train_tpu.py --lr-scaling sqrt              tpu_lr-scaling-sqrt
-        train_cpu.py --epochs 1, on a GPU runtime   cpu_epochs-1_gpu-runtime
-
-    The same flags on the same runtime give the same name, so a rerun
-    replaces its own outputs and no other run's. Letters, digits, `.`, `_`
-    and `-` only: a file name anywhere, and in a bucket.
-    """
-    stem = os.path.splitext(os.path.basename(figure_path(device)))[0]
-    parts = [stem] + (["rehearsal"] if rehearsal else [])
-    # an exponent's "+" is dropped, not made "-": 1e+300 and 1e-300 stay apart
-    parts += [flag if value is None else f"{flag}-{str(value).replace('+', '')}"
-              for flag, value in _differences(device, settings)]
-    parts += ["jax"] if backend == "jax" else []
-    return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
-        device == "cpu" or rehearsal, runtime)
-
-
-def runtime_suffix(on_cpu, runtime=None):
-    """"_gpu-runtime" for work done on the CPU of a GPU (or TPU) runtime; "" elsewhere.
-
-    Such a CPU is not the CPU runtime's: its run, or its matmul timing, must
-    not replace theirs.
-    """
-    runtime = runtime or this_runtime()
-    return f"_{runtime}-runtime" if on_cpu and runtime != "cpu" else ""
-
-
-def this_runtime():
-    """What this machine trains on, "cpu", "gpu" or "tpu", read without TensorFlow."""
-    from pyimagesearch.platforms.host import detect
-
-    return detect().accelerator
-
-
-def figure_path(device):
-    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH: names the run's outputs.
-
-    Read when called, so an edited config.py (or a test's) takes effect.
-    """
-    return getattr(config, f"{device.upper()}_IMG_PATH")
 
 
 def steps_per_execution(steps, limit=config.STEPS_PER_EXECUTION):
