@@ -14,7 +14,6 @@
 """
 import argparse
 import dataclasses
-import functools
 import os
 import re
 import signal
@@ -25,6 +24,10 @@ from pyimagesearch import config
 from pyimagesearch.datasets.sources import SOURCES
 from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
 from pyimagesearch.training.errors import NothingToDo, PeerLost, Preempted, UserError, first_line
+# the flag types and the one-line parser, shared with the tools (training/flags.py)
+from pyimagesearch.training.flags import (MAX_SEED, OneLineParser, bounded_int,  # noqa: F401
+                                          non_negative_int, positive_float, positive_int,
+                                          seed, step_range)
 from pyimagesearch.training.settings import Settings, figure_path
 from pyimagesearch.training.precision import PRECISIONS
 
@@ -34,96 +37,11 @@ LOOPS = ("fit", "custom")
 LR_SCALINGS = ("none", "sqrt", "linear")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is reported in one line instead of usage + error.
-
-    Abbreviated flags (`--dev tpu`) are refused: what runs before argparse
-    (platforms/tpu_runtime.py) reads each flag by its whole name only.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
-
-    def error(self, message):
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
-
-
-# what a person types: ASCII digits, a sign, a point, an exponent (int() and
-# float() also take "1_0" and other scripts' digits, such as "٣")
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|nan)",
-                      re.IGNORECASE)
-
-
-def _parse(kind, text):
-    """int(text) or float(text), for text written the usual way only; ValueError else."""
-    if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text.strip()):
-        raise ValueError(text)
-    return kind(text)
-
-
-def _number(kind, minimum, text):
-    """Parse `text` as `kind` and require it to be >= `minimum`."""
-    try:
-        value = _parse(kind, text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-    if not value >= minimum:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
-    return value
-
-
-def bounded_int(minimum, maximum):
-    """A flag type: an integer from `minimum` to `maximum`."""
-    def parse(text):
-        value = _number(int, minimum, text)
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-MAX_SEED = 2**32 - 1  # NumPy's seed range, which keras.utils.set_random_seed uses
-seed = bounded_int(0, MAX_SEED)  # an integer seed NumPy accepts
-
-
-positive_int = functools.partial(_number, int, 1)
-non_negative_int = functools.partial(_number, int, 0)
-positive_int.__name__ = "positive integer"
-non_negative_int.__name__ = "non-negative integer"
-
-
 MAX_REHEARSAL_DEVICES = 64   # logical CPU devices; each costs threads and memory
 MAX_EPOCHS = 100_000          # with MAX_STEPS_PER_EPOCH, the steps still fit an int64
 MAX_STEPS_PER_EPOCH = 1_000_000
 STARTUP_TIMEOUT_S = 300.0     # s; a scheduler may start a cluster's pods minutes apart
 MAX_STARTUP_TIMEOUT_S = 86_400.0  # s; TensorFlow takes the limit in milliseconds, as int64
-
-
-def step_range(text):
-    """'A,B': the first and last training step (counted from 1) to profile."""
-    first, comma, last = text.partition(",")
-    try:
-        first, last = _parse(int, first), _parse(int, last)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two steps A,B, got {text!r}")
-    if not comma or not 1 <= first <= last:
-        raise argparse.ArgumentTypeError(f"expected steps 1 <= A <= B, got {text!r}")
-    return first, last
-
-
-def positive_float(text):
-    """A finite float > 0."""
-    try:
-        value = _parse(float, text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not 0.0 < value < float("inf"):  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
 
 
 def startup_seconds(text):

@@ -38,20 +38,14 @@ import sys
 import threading
 import time
 
-EXIT_USER_ERROR = 2
+# `python tools/launch_workers.py` puts tools/ on sys.path, not the repository root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the scripts' one-line parser (it loads no TensorFlow, as this launcher must not)
+from pyimagesearch.training.flags import EXIT_USER_ERROR, OneLineParser  # noqa: E402
+
 PEER_GRACE_SECONDS = 30  # how long the others get to notice a failed worker themselves
 STOP_GRACE_SECONDS = 20  # how long stopped workers get to exit before SIGKILL
 _IN_NAMESPACE = "PYIMAGESEARCH_LAUNCHER_NETNS"  # set once we are inside our namespace
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A bad flag is one line and exit status 2 (the package's parser, without TensorFlow)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)  # no `--work 2`, as cli's
-
-    def error(self, message):
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 
 
 MAX_WORKERS = 16  # TensorFlow processes on one machine, each about 1 GB

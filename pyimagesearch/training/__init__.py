@@ -1,6 +1,7 @@
 """How a run trains beyond the article's `model.fit`, beneath the scripts and `pyimagesearch.cli`.
 
 - `settings`: `Settings` (from the flags) and the name a run's outputs take;
+- `flags`: the flag types and the one-line parser the scripts and tools share;
 - `plan`: `RunPlan`, the numbers a run trains with;
 - `callbacks`: the timer, TensorBoard and the profiler, as Keras callbacks;
 - `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
