@@ -16,6 +16,7 @@ import train_cpu
 import train_gpu
 from conftest import output_files, outputs_name
 from pyimagesearch import cli, outputs
+from pyimagesearch.training import exits
 from pyimagesearch.training.errors import Preempted, UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
@@ -831,14 +832,14 @@ def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
     from pyimagesearch.training import publish
 
     monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
-    said = cli._write_refused(error)
+    said = exits._write_refused(error)
     assert said is not None and str(said).startswith(line), said
     assert str(said).endswith("earlier outputs are untouched") and "\n" not in str(said)
 
 
 def test_a_read_that_fails_with_eio_is_not_called_a_refused_write():
-    assert cli._write_refused(tf.errors.DataLossError(None, None, "Input/output error")) is None
-    assert cli._write_refused(ValueError("something else")) is None
+    assert exits._write_refused(tf.errors.DataLossError(None, None, "Input/output error")) is None
+    assert exits._write_refused(ValueError("something else")) is None
 
 
 @pytest.mark.slow
@@ -917,15 +918,13 @@ def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
     # the exit hook blocks both signals; one that came before it looked is said
     import signal
 
-    from pyimagesearch import cli
-
-    exits = []
-    monkeypatch.setattr(cli, "_process", {**cli._process, "over": True, "main": object()})
-    monkeypatch.setattr(cli.os, "_exit", exits.append)
-    monkeypatch.setattr(cli.signal, "pthread_sigmask", lambda how, mask: set())
-    monkeypatch.setattr(cli.signal, "sigpending", lambda: {signal.SIGTERM})
-    cli._at_the_very_end()
-    assert exits == [143]
+    exited = []
+    monkeypatch.setattr(exits, "_process", {**exits._process, "over": True, "main": object()})
+    monkeypatch.setattr(exits.os, "_exit", exited.append)
+    monkeypatch.setattr(exits.signal, "pthread_sigmask", lambda how, mask: set())
+    monkeypatch.setattr(exits.signal, "sigpending", lambda: {signal.SIGTERM})
+    exits._at_the_very_end()
+    assert exited == [143]
     assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err
 
 

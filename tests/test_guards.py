@@ -25,6 +25,7 @@ import launch_workers
 import matmul_benchmark
 from pyimagesearch import cli
 from pyimagesearch.platforms import tpu_runtime
+from pyimagesearch.training import exits
 from test_launcher import _wait_gone, reap  # noqa: F401  (reap: a fixture)
 from test_platforms import HELD_OFF, _at_tensorflow_import, _pjrt, _stand_ins
 
@@ -167,7 +168,7 @@ def sigterm_in_process(monkeypatch):
     """cli.run_main here, its os._exit a SystemExit; this process's state as it was after."""
     from pyimagesearch.training import publish
 
-    monkeypatch.setattr(cli, "_process", dict(cli._process))
+    monkeypatch.setattr(exits, "_process", dict(exits._process))
     monkeypatch.setattr(publish, "published", [])
     monkeypatch.setattr(sys, "argv", ["train_cpu.py"])
 

@@ -2,6 +2,7 @@
 
 - `settings`: `Settings` (from the flags) and the name a run's outputs take;
 - `flags`: the flag types and the one-line parser the scripts and tools share;
+- `exits`: how a script's process ends: one line, an exit status, what is on disk;
 - `plan`: `RunPlan`, the numbers a run trains with;
 - `callbacks`: the timer, TensorBoard and the profiler, as Keras callbacks;
 - `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
