@@ -172,7 +172,8 @@ def test_on_jax_with_no_tpu_one_line_says_what_was_found(repo, tmp_path):
     assert done.returncode == 2
     said = done.stderr.strip().splitlines()
     assert len(said) == 1, done.stderr
-    assert said[0].startswith("train_tpu.py: error: no TPU for Keras on JAX: JAX sees 1 cpu")
+    assert said[0].startswith("train_tpu.py: error: no TPU for Keras on JAX: this machine, no GPU "
+                              "or TPU; JAX sees 1 cpu")
     assert "jax 0." in said[0] and "tensorflow 2." in said[0] and "libtpu" in said[0]
     assert not list(tmp_path.iterdir())
 
@@ -210,4 +211,5 @@ def test_the_run_names_keep_jax_apart():
 
 def test_strategy_found_names_both_frameworks_devices():
     line = data_parallel.found(["cpu:0"])
-    assert line.startswith("JAX sees 1 cpu device(s), TensorFlow CPU; jax ")
+    assert line.startswith("this machine, no GPU or TPU; JAX sees 1 cpu device(s), TensorFlow "
+                           "CPU; jax ")

@@ -53,15 +53,17 @@ def strategy(replicas=None):
 
 
 def found(jax_devices):
-    """What a TPU run found: the devices JAX and TensorFlow see, and the versions installed."""
+    """What a TPU run found: the runtime, the devices JAX and TensorFlow see, the versions."""
     import tensorflow as tf
+
+    from pyimagesearch.platforms.host import detect
 
     kinds = sorted({device.split(":")[0] for device in jax_devices}) or ["none"]
     tf_devices = sorted({device.device_type for device in tf.config.list_physical_devices()})
     versions = ", ".join(f"{name} {_version(name)}"
                          for name in ("jax", "jaxlib", "libtpu", "tensorflow", "keras"))
-    return (f"JAX sees {len(jax_devices)} {'/'.join(kinds)} device(s), TensorFlow "
-            f"{'/'.join(tf_devices) or 'none'}; {versions}")
+    return (f"{detect().describe()}; JAX sees {len(jax_devices)} {'/'.join(kinds)} device(s), "
+            f"TensorFlow {'/'.join(tf_devices) or 'none'}; {versions}")
 
 
 def _version(package):
