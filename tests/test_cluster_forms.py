@@ -463,6 +463,17 @@ The tasks have crashed. Check the task logs for an earlier error, or scheduler e
 The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
 The error could be from a previous operation. Restart your program to reset. [type.googleapis.com/tensorflow.DerivedStatus='']
 """
+# ... and on TensorFlow 2.19, whose older gRPC gives the peer's error as JSON (seen in CI's
+# 2.19 leg under load, 2026-12-04: the survivor printed the two JSON lines)
+ABORTED_COLLECTIVE_2_19 = """\
+2026-12-04 23:57:59.366000: E tensorflow/core/common_runtime/base_collective_executor.cc:249] BaseCollectiveExecutor::StartAbort UNAVAILABLE: Connection reset by peer
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf:
+:{"created":"@1796428704.694865289","description":"Error received from peer ipv4:127.0.0.1:51467","file":"external/com_github_grpc_grpc/src/core/lib/surface/call.cc","file_line":1056,"grpc_message":"Connection reset by peer","grpc_status":14}
+2026-12-04 23:57:59.366100: W tensorflow/core/framework/local_rendezvous.cc:404] Local rendezvous is aborting with status: UNAVAILABLE: Collective ops is aborted by: Connection reset by peer
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf:
+:{"created":"@1796428704.694865289","description":"Error received from peer ipv4:127.0.0.1:51467","file":"external/com_github_grpc_grpc/src/core/lib/surface/call.cc","file_line":1056,"grpc_message":"Connection reset by peer","grpc_status":14}
+The error could be from a previous operation. Restart your program to reset.
+"""
 # what must pass: other records in either form, and lines that continue none
 KEPT = """\
 E0000 00:00:1796200363.100000    6942 cuda_dnn.cc:1] Could not create cudnn handle
@@ -490,8 +501,9 @@ os._exit(138)
 
 @pytest.mark.parametrize("noise, ending, status", [
     (ABORTED_COLLECTIVE, "exit", 138), (ABORTED_COLLECTIVE, "abort", -signal.SIGABRT),
-    (UNHEALTHY_PEER, "exit", 138), (UNHEALTHY_PEER_2_20, "exit", 138)],
-    ids=["reset", "reset-crash", "heartbeats", "heartbeats-tf2.20"])
+    (UNHEALTHY_PEER, "exit", 138), (UNHEALTHY_PEER_2_20, "exit", 138),
+    (ABORTED_COLLECTIVE_2_19, "exit", 138)],
+    ids=["reset", "reset-crash", "heartbeats", "heartbeats-tf2.20", "reset-tf2.19"])
 def test_a_lost_peer_leaves_only_its_one_line_and_a_crash_keeps_its_last_words(
         repo, noise, ending, status):
     done = subprocess.run([sys.executable, "-c", FILTERED, ending], cwd=repo,

@@ -442,7 +442,7 @@ for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
 record = re.compile(sys.argv[1].encode())
 aborted = tuple(word.encode() for word in sys.argv[2:])
-continued = (b"Additional GRPC error information", b":UNKNOWN:", b"\t [[",
+continued = (b"Additional GRPC error information", b":UNKNOWN:", b':{"created":', b"\t [[",
              b"The error could be from a previous operation", b"/job:",
              b"The tasks have crashed.")
 dropping = False
