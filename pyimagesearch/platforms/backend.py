@@ -55,13 +55,9 @@ def installed(module):
 
 def tensorflow_tpu_installed():
     """True if tensorflow-tpu (not tensorflow-cpu) is installed: it can load libtpu."""
-    import importlib.metadata
+    from pyimagesearch.platforms.host import installed_version
 
-    try:
-        importlib.metadata.version("tensorflow-tpu")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    return installed_version("tensorflow-tpu") is not None
 
 
 def tpu_route(environ, host, jax_installed=None, tf_tpu_installed=None):

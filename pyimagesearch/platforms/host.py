@@ -23,6 +23,7 @@ instead of / (how the tests start train_tpu.py on a stand-in v5e).
 """
 import dataclasses
 import glob
+import importlib.metadata
 import os
 import sys
 
@@ -125,3 +126,11 @@ def detect(root=None, environ=None, modules=None):
     chips, generation = tpu_chips(root)
     return Host(service=service(root, environ, modules), gpus=gpu_count(root),
                 tpu_chips=chips, tpu_generation=generation)
+
+
+def installed_version(package):
+    """The version of distribution `package` installed here, or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None

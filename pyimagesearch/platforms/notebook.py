@@ -31,7 +31,7 @@ import time
 import tokenize
 
 from pyimagesearch.platforms import backend, startup, tpu_runtime
-from pyimagesearch.platforms.host import ROOT_ENV, detect
+from pyimagesearch.platforms.host import ROOT_ENV, detect, installed_version
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
 REHEARSALS = {"gpu": 2, "tpu": 8}  # the article's 8 TPU cores; 2 GPUs, the smallest mirror
@@ -158,12 +158,7 @@ def _unmet(specs, version_of):
     return unmet
 
 
-def _installed_version(name):
-    """The installed version of distribution `name`, or None."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+_installed_version = installed_version  # what this runtime has (host.py); tests pass stand-ins
 
 
 def _installed_requires(name):

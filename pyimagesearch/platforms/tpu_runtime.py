@@ -30,7 +30,6 @@ this module decides them first (docs/tpus.md has the sources):
 - a rehearsal (`--rehearse`), a host without TPU, or a v2-v4 TPU: nothing
   is set.
 """
-import importlib.metadata
 import os
 import sys
 
@@ -38,7 +37,7 @@ from pyimagesearch.platforms import backend, startup
 # who takes the TPU: TPU_LOAD_LIBRARY=0 keeps libtpu unloaded (startup.py)
 from pyimagesearch.platforms.startup import (LOAD_LIBRARY, OURS, leave_the_tpu_alone,  # noqa: F401
                                              without_our_hold)
-from pyimagesearch.platforms.host import detect
+from pyimagesearch.platforms.host import detect, installed_version
 
 USE_C_API = "NEXT_PLUGGABLE_DEVICE_USE_C_API"
 LIBRARY_PATH = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
@@ -104,10 +103,7 @@ def libtpu_path():
 
 def libtpu_version():
     """The installed libtpu's version, or 'not installed'."""
-    try:
-        return importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return installed_version("libtpu") or "not installed"
 
 
 def prepare(argv, environ=None, host=None, library_path=libtpu_path):

@@ -13,10 +13,9 @@ What this route cannot do yet is refused in one line before any training
 (`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
 and backups are tf.train.Checkpoints of TensorFlow variables.
 """
-import importlib.metadata
-
 import keras
 
+from pyimagesearch.platforms.host import installed_version
 from pyimagesearch.training.errors import UserError
 
 
@@ -68,10 +67,7 @@ def found(jax_devices):
 
 def _version(package):
     """The installed version of `package`, or 'not installed'."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return installed_version(package) or "not installed"
 
 
 def refuse_levers(settings):
