@@ -61,7 +61,7 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
         return plan.strategy.distribute_datasets_from_function(
             lambda context: plan.source.dataset(split, reading, context))
     dataset = plan.source.dataset(split, reading)
-    if getattr(plan.strategy, "keras_backend", "tensorflow") == "jax":
+    if plan.backend == "jax":
         return dataset  # Keras on JAX: DataParallel splits each batch between the devices
     if getattr(plan.strategy.extended, "num_hosts", 1) > 1:
         return dataset  # a TPU slice of several hosts: the strategy splits it between them
