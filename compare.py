@@ -34,7 +34,7 @@ import sys
 from pyimagesearch.platforms import backend
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
 FIGURE_DPI = 100

@@ -10,17 +10,18 @@ scripts call by name; everything else is one level down:
     outputs      the run record; figure, record and model written all or none
     datasets/    the sources (tfds, the sample, TFRecords), pipelines, TFRecord format
     training/    the plan, callbacks, backup and preemption, custom loop,
-                 precision, clusters, and the errors, files and TensorFlow
-                 workarounds they share
+                 precision, clusters, TensorFlow's private hooks
     platforms/   where the scripts run: a TPU's runtime, Colab and Kaggle,
                  the notebook's driver; none of it imports TensorFlow
+    base/        what all of them stand on: one-line errors, files and
+                 outputs written all or none, signals, the network probe,
+                 TensorFlow's native lines off the terminal
 
 Imports run downwards only: the scripts, then cli, strategies and outputs,
-then data, then datasets/ and training/ (datasets/ uses training's errors,
-files, workarounds and network probe; training/ never imports datasets/),
-and config, autoencoder and loss, which import nothing of the package.
-platforms/ imports only training's errors, workarounds and network probe,
-and nothing that loads TensorFlow.
+then data, then datasets/ and training/ (neither imports the other), then
+platforms/, then base/, which imports nothing of the package; config,
+autoencoder and loss import only config. Only outputs (to load a saved
+model) and the scripts import the model.
 
 Importing the package changes nothing: no environment variable, no import
 hook, no file descriptor, and no TensorFlow (a TPU v5e or v6e needs

@@ -2,7 +2,7 @@
 import keras
 from keras import layers
 
-IMAGE_SHAPE = (28, 28, 1)
+from pyimagesearch.config import IMAGE_SHAPE
 
 
 @keras.saving.register_keras_serializable(package="pyimagesearch")

@@ -21,7 +21,7 @@ import types
 from pyimagesearch import config
 from pyimagesearch.datasets.sources import SOURCES
 from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
-from pyimagesearch.training.errors import NothingToDo, UserError, first_line
+from pyimagesearch.base.errors import NothingToDo, UserError, first_line
 # how a run ends: one line and an exit status a scheduler understands (training/exits.py)
 from pyimagesearch.training.exits import note_run, run_main  # noqa: F401  (the scripts')
 # the flag types and the one-line parser, shared with the tools (training/flags.py)
@@ -146,7 +146,7 @@ def check_output_file(path):
     A symbolic link is followed, as publish_json follows it; a folder, a pipe
     or a device (`/dev/full`) is refused.
     """
-    from pyimagesearch.training.files import file_to_write
+    from pyimagesearch.base.files import file_to_write
 
     path = file_to_write(path)  # a dangling link: where its target would be
     check_output_dir(os.path.dirname(path) or ".")
@@ -338,7 +338,7 @@ def check_run_flags(settings, is_chief=True):
                              (settings.logdir, "--logdir folder")):
             if folder:
                 check_output_dir(folder, kind)
-        from pyimagesearch.training.publish import recover
+        from pyimagesearch.base.publish import recover
 
         recover(settings.output_dir)  # what a run killed while it wrote its outputs left
 
@@ -380,8 +380,8 @@ def check_output_dir(path, kind="output folder"):
     """
     import tensorflow as tf
 
-    from pyimagesearch.training.files import join
-    from pyimagesearch.training.workarounds import native_stderr_quiet
+    from pyimagesearch.base.files import join
+    from pyimagesearch.base.terminal import native_stderr_quiet
 
     if os.path.islink(path) and not os.path.lexists(os.path.realpath(path)):
         raise UserError(f"cannot write to {kind} {path}: it is a symbolic link to "

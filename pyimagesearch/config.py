@@ -16,6 +16,7 @@ SHUFFLE_SIZE = 1024          # shuffle buffer, in images
 TRAIN_IMAGES = 60_000        # images in one epoch: MNIST's training split
 VALIDATION_IMAGES = 10_000   # images in MNIST's test split
 SAMPLE_VALIDATION_FRACTION = 0.1  # of the 5,000-digit sample held out, per class
+IMAGE_SHAPE = (28, 28, 1)    # an MNIST digit: height, width, grey channel
 
 # --- batches and steps ------------------------------------------------------
 BATCH_SIZE = 128             # images per replica on CPU and GPU

@@ -3,7 +3,7 @@
 The scripts draw the figure; `RunOutputs` stages it with the run record
 (`run_record`) and the model in a local scratch folder (Matplotlib and Keras
 write local files), then copies them next to their destination under
-temporary names and renames them over the old ones (training/publish.py),
+temporary names and renames them over the old ones (base/publish.py),
 all through `tf.io.gfile`, so the destination may be a local folder or a
 bucket (`gs://...`, or `ram://` in tests). The folder holds the old set or the
 new set at every moment, whatever stops the run: an error, a signal, a kill.
@@ -20,9 +20,9 @@ from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered f
 from pyimagesearch.platforms.host import detect
 from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
 from pyimagesearch.training.cluster import collective_communication
-from pyimagesearch.training.files import join, scratch_folder, write_json
+from pyimagesearch.base.files import join, scratch_folder, write_json
 from pyimagesearch.training.settings import flags_apart
-from pyimagesearch.training.publish import StagedOutputs, published
+from pyimagesearch.base.publish import StagedOutputs, published
 
 def load_model(path):
     """A model the scripts saved (`outputs/cpu.keras`), its classes registered by this import."""

@@ -30,10 +30,9 @@ from pyimagesearch.platforms import tpu_runtime
 from pyimagesearch.platforms.host import detect
 from pyimagesearch.training.cluster import (answers, collective_communication,
                                             gave_up_waiting, missing_peers, wait_for_peers)
-from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.workarounds import (TF_LOG_LINE, bound_cluster_start,
-                                                filter_collective_noise, local_cpu_devices,
-                                                native_stderr_quiet, plain_device_buffers)
+from pyimagesearch.base.errors import UserError, first_line
+from pyimagesearch.base.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
+from pyimagesearch.training.workarounds import bound_cluster_start, local_cpu_devices, plain_device_buffers
 
 
 def cpu_only():

@@ -26,7 +26,7 @@ backend.tensorflow()
 import pyimagesearch.outputs  # noqa: E402,F401  (the classes keras.saving.load_model needs)
 import tensorflow as tf  # noqa: E402
 
-from pyimagesearch.training.workarounds import native_stderr_quiet  # noqa: E402
+from pyimagesearch.base.terminal import native_stderr_quiet  # noqa: E402
 
 # a shell that starts the suite in the background (`cmd &` in a script) has it
 # ignore Ctrl-C, and so would every process it starts: the tests send SIGINT

@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import train_cpu
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample"]
 

@@ -17,7 +17,7 @@ import train_gpu
 from conftest import output_files, outputs_name
 from pyimagesearch import cli, outputs
 from pyimagesearch.training import exits
-from pyimagesearch.training.errors import Preempted, UserError
+from pyimagesearch.base.errors import Preempted, UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -202,7 +202,7 @@ def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     import os
     import tempfile
 
-    from pyimagesearch.training.files import scratch_folder
+    from pyimagesearch.base.files import scratch_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = tmp_path / "pyimagesearch-ckpt-4194305-abc"  # above Linux's pid limit
@@ -407,7 +407,7 @@ PUBLISH_STEPS = range(1, 15)
 @pytest.mark.parametrize("at", PUBLISH_STEPS)
 def test_a_kill_at_any_step_of_the_publish_leaves_what_the_next_run_makes_whole(
         tmp_path, monkeypatch, capsys, at):
-    from pyimagesearch.training import publish
+    from pyimagesearch.base import publish
 
     out = tmp_path / "out"
     _earlier(out)
@@ -445,7 +445,8 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
                                                                    at, sig, stop):
     import signal
 
-    from pyimagesearch.training import preemption, publish
+    from pyimagesearch.base import publish
+    from pyimagesearch.training import preemption
 
     out = tmp_path / "out"
     _earlier(out)
@@ -480,7 +481,7 @@ sys.argv = ["train_cpu.py", *args]
 import tensorflow as tf
 import train_cpu
 from pyimagesearch import cli
-from pyimagesearch.training import publish as publishing
+from pyimagesearch.base import publish as publishing
 
 real_publish, real_rename = publishing.publish, tf.io.gfile.rename
 
@@ -829,7 +830,7 @@ def test_a_backup_past_the_epochs_asked_for_says_what_it_holds(tmp_path, monkeyp
      "the system refused to write /tmp/logs/cpu/train/events.out.tfevents.1 (File too large)"),
 ])
 def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
-    from pyimagesearch.training import publish
+    from pyimagesearch.base import publish
 
     monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
     said = exits._write_refused(error)

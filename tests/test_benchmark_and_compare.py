@@ -57,11 +57,11 @@ def test_a_record_that_is_a_fifo_is_skipped_not_waited_on(tmp_path, capsys):
 
 
 def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):
-    # the benchmarks' --json: written beside, then swapped in (training/publish.py)
+    # the benchmarks' --json: written beside, then swapped in (base/publish.py)
     import tensorflow as tf
 
-    from pyimagesearch.training import publish
-    from pyimagesearch.training.errors import UserError
+    from pyimagesearch.base import publish
+    from pyimagesearch.base.errors import UserError
 
     target = tmp_path / "result.json"
     target.write_text('{"old": true}\n')
@@ -86,8 +86,8 @@ def test_a_json_output_follows_a_link_and_refuses_a_pipe(tmp_path):
     # --json link.json writes the link's target and keeps the link; a pipe or a
     # device (--json /dev/full) is refused before the run, and left as it is
     from pyimagesearch import cli
-    from pyimagesearch.training import publish
-    from pyimagesearch.training.errors import UserError
+    from pyimagesearch.base import publish
+    from pyimagesearch.base.errors import UserError
 
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "records" / "result.json")  # dangling: no folder yet

@@ -22,7 +22,7 @@ from conftest import output_files, outputs_name
 from pyimagesearch.training import cluster as cluster_module
 from pyimagesearch.training import workarounds
 from pyimagesearch.training.cluster import Cluster, read_tf_config, wait_for_peers
-from pyimagesearch.training.errors import PeerLost, UserError
+from pyimagesearch.base.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -488,13 +488,13 @@ train_gpu.py: error: worker 1 lost a peer of its 2-worker cluster and stopped
 # run_main's os._exit path, "abort" in a crash (its filter must still pass the last words)
 FILTERED = r"""
 import os, sys
-from pyimagesearch.training import workarounds
-workarounds.filter_collective_noise()
+from pyimagesearch.base import terminal
+terminal.filter_collective_noise()
 os.write(2, os.environ["NOISE"].encode())
 os.write(2, os.environ["KEPT"].encode())
 if sys.argv[1] == "abort":
     os.abort()
-workarounds.end_collective_noise_filter()
+terminal.end_collective_noise_filter()
 os._exit(138)
 """
 

@@ -7,7 +7,7 @@ from pyimagesearch import config, data
 
 from pyimagesearch.datasets import sources
 from pyimagesearch.datasets.pipeline import Reading, make_pipeline
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 # the network probe's answers, as resolve_source gets them
 SILENT = {"verdict": sources.SILENT, "via": "storage.googleapis.com:443"}

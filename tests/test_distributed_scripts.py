@@ -13,7 +13,7 @@ import train_cpu
 import train_gpu
 import train_tpu
 from pyimagesearch import cli, config, data
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 from pyimagesearch.datasets.sources import SampleSource
 from pyimagesearch.training.plan import Settings, plan_run, scaled_learning_rate
 

@@ -166,7 +166,7 @@ def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once():
 @pytest.fixture
 def sigterm_in_process(monkeypatch):
     """cli.run_main here, its os._exit a SystemExit; this process's state as it was after."""
-    from pyimagesearch.training import publish
+    from pyimagesearch.base import publish
 
     monkeypatch.setattr(exits, "_process", dict(exits._process))
     monkeypatch.setattr(publish, "published", [])
@@ -183,7 +183,7 @@ def sigterm_in_process(monkeypatch):
 
 def _training(out, write, then=None):
     """A training script's main() (its flags parsed): writes its outputs if `write`, then `then`."""
-    from pyimagesearch.training.publish import StagedOutputs
+    from pyimagesearch.base.publish import StagedOutputs
 
     def main(argv):
         cli.parse_args("cpu", "", ["--output-dir", str(out)])  # --backup-dir could resume it

@@ -18,7 +18,7 @@ import pytest
 
 from pyimagesearch.platforms import notebook
 from pyimagesearch.platforms.host import Host
-from pyimagesearch.training.network import ANSWERS, REFUSED, SILENT
+from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT
 
 COLAB_CPU, COLAB_GPU, COLAB_TPU = Host("colab", 0, 0, ""), Host("colab", 1, 0, ""), \
     Host("colab", 0, 1, "v5e")

@@ -15,7 +15,7 @@ from conftest import REPO, output_files, outputs_name
 from pyimagesearch.platforms import backend, tpu_runtime
 from pyimagesearch.platforms.host import Host
 from pyimagesearch.training import data_parallel
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 from pyimagesearch.training.plan import Settings
 
 pytest.importorskip("jax")  # requirements-dev.txt installs it

@@ -18,7 +18,7 @@ import pytest
 import train_cpu
 from conftest import output_files, outputs_name
 from pyimagesearch.training.cluster import read_tf_config
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import train_cpu
 from pyimagesearch import outputs
-from pyimagesearch.training import files
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base import files
+from pyimagesearch.base.errors import UserError
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]

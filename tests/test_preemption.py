@@ -17,7 +17,7 @@ import pytest
 
 import train_cpu
 from conftest import output_files, outputs_name
-from pyimagesearch.training.errors import Preempted
+from pyimagesearch.base.errors import Preempted
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
          "--epochs", "4"]

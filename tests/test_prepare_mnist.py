@@ -17,7 +17,7 @@ import tensorflow_datasets as tfds
 import prepare_mnist
 from pyimagesearch import config
 from pyimagesearch.datasets import sources
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 TRAIN, TEST = 60, 10  # images per split: small, so tfds writes them in a second
 NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",

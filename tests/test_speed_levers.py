@@ -14,7 +14,7 @@ import compare
 import train_cpu
 import train_gpu
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 from pyimagesearch.training.loop import fit_custom
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.training.precision import set_precision, with_loss_scaling

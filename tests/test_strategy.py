@@ -1,4 +1,4 @@
-"""workarounds.py and strategies.py: captured native output, and clear failures without hardware.
+"""terminal.py, workarounds.py and strategies.py: captured native output, and clear failures without hardware.
 
 No accelerator is needed: TensorFlow's log lines are fed in as text, the TPU
 resolver and TPU calls are replaced by fakes that fail the way TensorFlow
@@ -16,13 +16,14 @@ import tensorflow as tf
 import train_tpu
 from pyimagesearch import strategies as strategy
 from pyimagesearch.training import workarounds
-from pyimagesearch.training.errors import UserError
-from pyimagesearch.training.workarounds import native_stderr_quiet
+from pyimagesearch.base.errors import UserError
+from pyimagesearch.base import terminal
+from pyimagesearch.base.terminal import native_stderr_quiet
 
 NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
           "on N logical CPU devices")
 
-# Loads workarounds.py alone (no TensorFlow import, so the child starts fast), then
+# Loads terminal.py alone (no TensorFlow import, so the child starts fast), then
 # runs the block named by argv[2].
 CHILD = """
 import importlib.util, os, sys
@@ -43,15 +44,15 @@ except ChildProcessError:
 
 def _run_child(block):
     """Run CHILD with `block` ("abort" or "normal"), capturing its real stderr."""
-    env = {k: v for k, v in os.environ.items() if k != workarounds.VERBOSE_ENV}
-    return subprocess.run([sys.executable, "-c", CHILD, workarounds.__file__, block],
+    env = {k: v for k, v in os.environ.items() if k != terminal.VERBOSE_ENV}
+    return subprocess.run([sys.executable, "-c", CHILD, terminal.__file__, block],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.fixture
 def capturing(monkeypatch):
     """Make sure the escape hatch is off, whatever the caller's environment."""
-    monkeypatch.delenv(workarounds.VERBOSE_ENV, raising=False)
+    monkeypatch.delenv(terminal.VERBOSE_ENV, raising=False)
 
 
 def test_abort_inside_the_block_still_shows_its_last_words():
@@ -84,7 +85,7 @@ def test_an_error_replays_the_capture_unless_expected(capturing, capfd, error, r
 
 
 def test_verbose_env_captures_nothing(monkeypatch, capfd):
-    monkeypatch.setenv(workarounds.VERBOSE_ENV, "1")
+    monkeypatch.setenv(terminal.VERBOSE_ENV, "1")
     with native_stderr_quiet() as captured:
         os.write(2, b"native line\n")
     assert captured.text() == ""

@@ -17,7 +17,7 @@ import write_tfrecords
 from pyimagesearch import config, data
 from pyimagesearch.datasets import sources, tfrecords
 from pyimagesearch.datasets.pipeline import Reading
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 
@@ -250,7 +250,7 @@ def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_whic
     if said:
         assert len(errors) == 1 and said in errors[0] and "--backup-dir" not in errors[0]
     else:  # SIGKILLed mid-swap: what the next write does first makes the folder whole
-        from pyimagesearch.training.publish import recover
+        from pyimagesearch.base.publish import recover
 
         recover(str(out))
     metadata = tfrecords.verify(str(out))  # every shard whole and as its metadata says

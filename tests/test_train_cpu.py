@@ -10,9 +10,9 @@ import pytest
 
 import train_cpu
 from pyimagesearch import outputs
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 from pyimagesearch.datasets import sources
-from pyimagesearch.training import files
+from pyimagesearch.base import files
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]

@@ -33,7 +33,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.training.errors import UserError  # noqa: E402
+from pyimagesearch.base.errors import UserError  # noqa: E402
 
 
 def make_runs(source, folder, count):
@@ -94,7 +94,7 @@ def main(argv=None):
         print(f"  {line}")
     if args.json:
         from pyimagesearch.outputs import machine_info
-        from pyimagesearch.training.publish import publish_json
+        from pyimagesearch.base.publish import publish_json
 
         publish_json(args.json, {
             "runs": args.runs, "copied_from": sorted(stems), "seconds": seconds,

@@ -91,7 +91,7 @@ def main(argv=None):
         ratio = f"  {baseline / value:.2f}x" if baseline else ""
         print(f"  {name:15s} {value:6.2f} s{ratio}")
     if args.json:
-        from pyimagesearch.training.publish import publish_json
+        from pyimagesearch.base.publish import publish_json
         publish_json(args.json, {
             "device": args.device, "batch_size": args.batch_size, "steps": steps,
             "seconds": seconds, "median_seconds": medians,

@@ -234,7 +234,7 @@ def input_only(args, source, command):
     import tensorflow as tf
 
     from pyimagesearch.datasets import sources, tfrecords
-    from pyimagesearch.training.errors import UserError
+    from pyimagesearch.base.errors import UserError
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -360,7 +360,7 @@ def main(argv=None):
         mode = floor if args.floor else input_only
         figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
-            from pyimagesearch.training.publish import publish_json
+            from pyimagesearch.base.publish import publish_json
             publish_json(args.json, figures)
         return
     steps = args.steps
@@ -386,7 +386,7 @@ def main(argv=None):
     for name, value in medians.items():
         print(f"  {name:18s} {value:6.2f} s  {ratios[name]:.2f}x")
     if args.json:
-        from pyimagesearch.training.publish import publish_json
+        from pyimagesearch.base.publish import publish_json
         publish_json(args.json, {"seconds": seconds, "median_seconds": medians,
                                  "speedup_over_article_style": ratios, "steps": steps,
                                  "trials": args.trials, "steps_per_execution": spe,

@@ -30,7 +30,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli
-from pyimagesearch.training.workarounds import TF_LOG_LINE
+from pyimagesearch.base.terminal import TF_LOG_LINE
 
 MATMUL = '''
 import tensorflow as tf
@@ -312,7 +312,7 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    from pyimagesearch.training.publish import publish_json
+    from pyimagesearch.base.publish import publish_json
     publish_json(args.json, record)
 
 

@@ -49,7 +49,7 @@ if __name__ == "__main__" and tpu_runtime.flag_value(sys.argv[1:], "--device") =
     tpu_runtime.prepare(sys.argv[1:])  # a TPU v5e or v6e: before TensorFlow is imported
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.training.errors import UserError  # noqa: E402
+from pyimagesearch.base.errors import UserError  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -410,7 +410,7 @@ def main(argv=None):
                            args.rehearse, args.tpu)
     print(report(result))
     if args.json:
-        from pyimagesearch.training.publish import publish_json
+        from pyimagesearch.base.publish import publish_json
         publish_json(args.json, {**result, "command": ["tools/matmul_benchmark.py", *argv]})
 
 

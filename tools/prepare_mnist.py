@@ -35,8 +35,8 @@ backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one li
 
 from pyimagesearch import cli, config  # noqa: E402
 from pyimagesearch.datasets.sources import STAND_IN_MARKER  # noqa: E402
-from pyimagesearch.training.errors import UserError, first_line  # noqa: E402
-from pyimagesearch.training.workarounds import native_stderr_quiet  # noqa: E402
+from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
+from pyimagesearch.base.terminal import native_stderr_quiet  # noqa: E402
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}

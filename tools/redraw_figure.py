@@ -26,7 +26,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.training.errors import UserError, first_line  # noqa: E402
+from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
 
 NEEDED = ("name", "data_source", "global_batch_size", "steps_per_epoch", "learning_rate",
           "val_loss")
@@ -34,7 +34,7 @@ NEEDED = ("name", "data_source", "global_batch_size", "steps_per_epoch", "learni
 
 def read_record(path):
     """A run record with what the figure needs, or a UserError naming what is wrong."""
-    from pyimagesearch.training.files import read_json
+    from pyimagesearch.base.files import read_json
 
     record = read_json(path, "give the .json a train_*.py run wrote")
     if record is None:
@@ -111,8 +111,8 @@ def main(argv=None):
     model = load(args.model or f"{stem}.keras")
 
     from pyimagesearch.data import figure_digits
-    from pyimagesearch.training.files import file_to_write
-    from pyimagesearch.training.publish import StagedOutputs
+    from pyimagesearch.base.files import file_to_write
+    from pyimagesearch.base.publish import StagedOutputs
 
     images = figure_digits(run_source(record, args.data_dir).examples(config.VALIDATION_FLAG))
     fig = draw(record, images, model.predict(images, batch_size=len(images), verbose=0))

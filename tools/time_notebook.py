@@ -184,7 +184,7 @@ def main(argv=None):
     print(f"[INFO] the notebook on one core: {total:.0f} s; an article-style epoch "
           f"{epoch:.1f} s there; on Colab's free CPU about {total:.0f} x {ARTICLE_CPU_EPOCH_S}"
           f" / {epoch:.1f} = {total * factor:.0f} s (the budget: {BUDGET_S} s)")
-    from pyimagesearch.training.publish import publish_json
+    from pyimagesearch.base.publish import publish_json
     publish_json(args.json, record)
 
 

@@ -31,11 +31,11 @@ import numpy as np
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.autoencoder import IMAGE_SHAPE
+from pyimagesearch.config import IMAGE_SHAPE
 from pyimagesearch.datasets import tfrecords
 from pyimagesearch.datasets.pipeline import make_pipeline, tfrecord_pipeline
-from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.network import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
+from pyimagesearch.base.errors import UserError, first_line
+from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
 
 SOURCES = ("auto", "tfds", "sample", "tfrecord")
 # tfds' GCS mirror and MNIST's download URL both live on this host

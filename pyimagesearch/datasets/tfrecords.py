@@ -12,7 +12,7 @@ again), its shape (height, width, channels) and its label. With GZIP the
 shards end in .tfrecord.gz. `metadata.json` gives the counts per split and
 per shard, the image shape, where the images came from and how the folder
 was made. Every file is written to a local scratch folder first, and the
-whole set then replaces the folder's old one (training/publish.py): the
+whole set then replaces the folder's old one (base/publish.py): the
 folder holds the old TFRecords or the new ones, whatever stops the writer.
 
 This module knows the format only: arrays in, arrays and batches of uint8
@@ -28,11 +28,11 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import join, write_json
+from pyimagesearch.base.errors import UserError, first_line
+from pyimagesearch.base.files import join, write_json
 from pyimagesearch.datasets.passes import seeded_passes
-from pyimagesearch.training.publish import StagedOutputs, recover
-from pyimagesearch.training.workarounds import native_stderr_quiet
+from pyimagesearch.base.publish import StagedOutputs, recover
+from pyimagesearch.base.terminal import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # published with the shards: its presence means "finished"
 FORMAT = "pyimagesearch-tfrecords"

@@ -74,7 +74,7 @@ def tpu_route(environ, host, jax_installed=None, tf_tpu_installed=None):
         asked = "jax" if host.tpu_chips and jax_installed and not tf_tpu_installed \
             else "tensorflow"
     if asked not in ROUTES:
-        from pyimagesearch.training.errors import UserError
+        from pyimagesearch.base.errors import UserError
         raise UserError(f"train_tpu.py runs Keras on TensorFlow or on JAX, not {ENV}={asked}; "
                         f"set {ENV}=jax or {ENV}=tensorflow")
     if asked == "jax" or ENV in environ:  # unset, Keras' own default is TensorFlow
@@ -94,6 +94,6 @@ def _check_keras_not_loaded(backend, environ):
     keras = sys.modules.get("keras") if environ is os.environ else None
     loaded = getattr(getattr(keras, "backend", None), "backend", None)
     if loaded and loaded() != backend:
-        from pyimagesearch.training.errors import UserError
+        from pyimagesearch.base.errors import UserError
         raise UserError(f"Keras was imported on {loaded()} before {ENV}={backend} could "
                         "be set: start a new process")

@@ -134,3 +134,18 @@ def installed_version(package):
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def runtime_suffix(on_cpu, runtime=None):
+    """"_gpu-runtime" for work done on the CPU of a GPU (or TPU) runtime; "" elsewhere.
+
+    Such a CPU is not the CPU runtime's: its run, or its matmul timing, must
+    not replace theirs.
+    """
+    runtime = runtime or this_runtime()
+    return f"_{runtime}-runtime" if on_cpu and runtime != "cpu" else ""
+
+
+def this_runtime():
+    """What this machine trains on, "cpu", "gpu" or "tpu", read without TensorFlow."""
+    return detect().accelerator

@@ -23,7 +23,7 @@ listed.) TF_PORT (default 2222) comes from the manifest too.
 """
 import json
 
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 NEEDED = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "REPLICAS", "JOB_INDEX",
           "JOB_COMPLETION_INDEX", "WORKERS")

@@ -287,8 +287,8 @@ def pip_index(listing):
 
 
 def _probe_index():
-    """How pip's package index answers (training/network.py's probe); ANSWERS if it is local."""
-    from pyimagesearch.training import network
+    """How pip's package index answers (base/network.py's probe); ANSWERS if it is local."""
+    from pyimagesearch.base import network
 
     listing = subprocess.run((sys.executable, "-m", "pip", "config", "list"),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
@@ -309,7 +309,7 @@ def install_missing(host, repo=".", version_of=_installed_version,
     ($PYIMAGESEARCH_HOST_ROOT, the tests' TPU) the commands are only shown:
     they would uninstall the TensorFlow of the environment the tests run in.
     """
-    from pyimagesearch.training.network import ANSWERS, SILENT
+    from pyimagesearch.base.network import ANSWERS, SILENT
 
     commands = install_commands(host, repo, version_of)
     if not commands:
@@ -601,7 +601,7 @@ def time_matmul(device, folder, repo="."):
     Its record is matmul_<device>.json, with the runtime where a GPU or TPU
     runtime's CPU was timed (matmul_cpu_gpu-runtime.json): not the CPU runtime's.
     """
-    from pyimagesearch.training.settings import runtime_suffix  # no TensorFlow
+    from pyimagesearch.platforms.host import runtime_suffix  # no TensorFlow
 
     name = f"matmul_{device}{runtime_suffix(device == 'cpu')}.json"
     run_script(("tools/matmul_benchmark.py", "--device", device, "--warmup", "1",

@@ -12,7 +12,7 @@ the tools) or `tpu_runtime.prepare(argv)` (train_tpu.py). Both start with
   strategy feeds its devices) are left out: TF_CPP_MIN_LOG_LEVEL=1, unless
   set, or unless PYIMAGESEARCH_VERBOSE_TF asks for everything;
 - TensorFlow's first import, whichever module makes it, keeps its C++
-  start-up notices off the terminal (an import hook: training/workarounds.py);
+  start-up notices off the terminal (an import hook: base/terminal.py);
 - TPU_LOAD_LIBRARY=0, unless set (`leave_the_tpu_alone`): tensorflow-tpu's
   import loads libtpu, takes the TPU's lock and initialises it in any
   process, so a rehearsal, train_cpu.py, compare.py or TensorBoard would hold
@@ -22,8 +22,8 @@ the tools) or `tpu_runtime.prepare(argv)` (train_tpu.py). Both start with
 """
 import os
 
-from pyimagesearch.training.workarounds import (VERBOSE_ENV, open_closed_standard_streams,
-                                                quiet_tensorflow_import)
+from pyimagesearch.base.terminal import (VERBOSE_ENV, open_closed_standard_streams,
+                                         quiet_tensorflow_import)
 
 # "0": TensorFlow's loader (and libtpu's, under PJRT) refuses to load libtpu,
 # so the import takes no lock and initialises nothing; "1": loads it without

@@ -115,7 +115,7 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     neither route takes ends the process in one line, status 2.
     """
     global prepared
-    from pyimagesearch.training.errors import UserError
+    from pyimagesearch.base.errors import UserError
 
     if environ is None:  # this process: its set-up before TensorFlow's import first
         startup.process()

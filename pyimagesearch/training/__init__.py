@@ -10,11 +10,9 @@
 - `precision`: mixed precision and XLA;
 - `data_parallel`: Keras on JAX, `keras.distribution.DataParallel` for train_tpu.py;
 - `cluster`: TF_CONFIG, the peers, what every worker must agree on;
-- `publish`: a run's outputs into their folder, all of them or none;
-- `errors`, `files`, `workarounds`: the one-line errors, paths through tf.io.gfile,
-  and TensorFlow's workarounds, which `pyimagesearch.datasets` uses too;
-- `network`: whether a host answers (tfds' for `auto`, pip's index for the notebook).
+- `workarounds`: TensorFlow's private hooks, each naming what it works around.
 
-Nothing here imports `pyimagesearch.datasets`, `pyimagesearch.data`, the command
-line or the scripts.
+It stands on `pyimagesearch.base` and `pyimagesearch.platforms`; nothing here
+imports `pyimagesearch.datasets`, `pyimagesearch.data`, the command line or
+the scripts.
 """

@@ -21,10 +21,9 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch.training import preemption
-from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.training.cluster import check_workers_agree
-from pyimagesearch.training.errors import Preempted, UserError, first_line
-from pyimagesearch.training.files import (LOCK, join, read_json, scratch_folder, take_lock,
+from pyimagesearch.base.errors import Preempted, UserError, first_line
+from pyimagesearch.base.files import (LOCK, join, read_json, scratch_folder, take_lock,
                                           write_json)
 from pyimagesearch.training.settings import default_settings, run_name
 from pyimagesearch.training.workarounds import stop_preemption_handler
@@ -32,6 +31,7 @@ from pyimagesearch.training.workarounds import stop_preemption_handler
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
 CHECKPOINTS = "checkpoints"
+MODEL = "AutoEncoder"  # the one model the scripts train (pyimagesearch.autoencoder)
 KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held until 2026-12
 
 
@@ -44,7 +44,7 @@ def identity(plan):
     """
     settings, source = plan.settings, plan.source
     run = run_name(plan.device, default_settings(plan.device), plan.rehearsal, plan.runtime)
-    return {"run": run, "model": AutoEncoder.__name__,
+    return {"run": run, "model": MODEL,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
             "precision": settings.precision, "optimizer": settings.optimizer,

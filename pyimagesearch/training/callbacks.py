@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from pyimagesearch.training import preemption
 from pyimagesearch.training.backup import Backup
-from pyimagesearch.training.errors import UserError
-from pyimagesearch.training.files import join
+from pyimagesearch.base.errors import UserError
+from pyimagesearch.base.files import join
 
 
 class EpochTimer(keras.callbacks.Callback):

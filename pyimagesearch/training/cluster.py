@@ -28,7 +28,7 @@ import socket
 import time
 
 from pyimagesearch.platforms import jobset
-from pyimagesearch.training.errors import PeerLost, UserError, first_line
+from pyimagesearch.base.errors import PeerLost, UserError, first_line
 
 ROLES = ("chief", "worker")  # the task types that train; no parameter servers here
 # a task that is in the cluster but does not train: Vertex AI's worker pool 3

@@ -16,7 +16,7 @@ and backups are tf.train.Checkpoints of TensorFlow variables.
 import keras
 
 from pyimagesearch.platforms.host import installed_version
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 
 class DataParallel(keras.distribution.DataParallel):

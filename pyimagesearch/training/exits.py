@@ -15,7 +15,7 @@ import re
 import signal
 import sys
 
-from pyimagesearch.training.errors import NothingToDo, PeerLost, Preempted, UserError
+from pyimagesearch.base.errors import NothingToDo, PeerLost, Preempted, UserError
 
 # parse_args' cluster; a signal Python dropped; the run ended well; the script's main();
 # a training script's run; the exit hook is in place
@@ -86,7 +86,7 @@ def _at_the_very_end():
 
 def _stderr_whole():
     """Before os._exit: every line given to stderr has reached it (the cluster's filter)."""
-    from pyimagesearch.training.workarounds import end_collective_noise_filter
+    from pyimagesearch.base.terminal import end_collective_noise_filter
 
     end_collective_noise_filter()
 
@@ -122,7 +122,7 @@ def _write_refused(error):
 
 def _published():
     """The folders whose new outputs this run has put in place."""
-    from pyimagesearch.training.publish import published
+    from pyimagesearch.base.publish import published
 
     return published
 
@@ -232,7 +232,7 @@ def _run(main, argv):
     from pyimagesearch.training import preemption
     from pyimagesearch.training.cluster import peer_lost
 
-    from pyimagesearch.training.publish import published
+    from pyimagesearch.base.publish import published
 
     _process["dropped"] = None
     published.clear()  # this run's, not an earlier one's in this interpreter

@@ -9,7 +9,7 @@ import argparse
 import functools
 import re
 
-from pyimagesearch.training.errors import UserError
+from pyimagesearch.base.errors import UserError
 
 EXIT_USER_ERROR = UserError.exit_status
 

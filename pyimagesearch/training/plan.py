@@ -11,8 +11,9 @@ import dataclasses
 import sys
 
 from pyimagesearch import config
-from pyimagesearch.training.errors import UserError
-from pyimagesearch.training.settings import Settings, run_name, this_runtime
+from pyimagesearch.base.errors import UserError
+from pyimagesearch.platforms.host import this_runtime
+from pyimagesearch.training.settings import Settings, run_name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,14 +13,13 @@ PreemptionCheckpointHandler: it sees `requested()`, agrees on the step with
 every worker through the coordination service, and has each save the backup
 there and stop.
 """
-import contextlib
 import signal
 import sys
 import threading
 
 import tensorflow as tf
 
-from pyimagesearch.training.errors import Preempted
+from pyimagesearch.base.errors import Preempted
 from pyimagesearch.training.workarounds import preemption_handler_acts
 
 _requested = threading.Event()
@@ -69,31 +68,6 @@ def _on_sigterm(signum, frame):
 def terminated():
     """True once SIGTERM arrived while no backup was kept: the run must end with 143."""
     return _terminated.is_set()
-
-
-@contextlib.contextmanager
-def deferred():
-    """Ctrl-C and SIGTERM wait until the block ends: for a few steps that must not be cut.
-
-    Their handlers are swapped for ones that only take note, so a signal
-    arriving in any thread cannot raise inside the block; each one noted is
-    raised again, to the usual handler, when the block ends. Main thread
-    only (signal handlers can be set nowhere else); elsewhere it does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted = []
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        signal.signal(sig, lambda signum, frame: noted.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig in dict.fromkeys(noted):
-            signal.raise_signal(sig)
 
 
 def saving(active):

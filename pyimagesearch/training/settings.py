@@ -10,6 +10,7 @@ import os
 import re
 
 from pyimagesearch import config
+from pyimagesearch.platforms.host import runtime_suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,23 +102,6 @@ def run_name(device, settings, rehearsal=False, runtime=None, backend="tensorflo
     parts += ["jax"] if backend == "jax" else []
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
         device == "cpu" or rehearsal, runtime)
-
-
-def runtime_suffix(on_cpu, runtime=None):
-    """"_gpu-runtime" for work done on the CPU of a GPU (or TPU) runtime; "" elsewhere.
-
-    Such a CPU is not the CPU runtime's: its run, or its matmul timing, must
-    not replace theirs.
-    """
-    runtime = runtime or this_runtime()
-    return f"_{runtime}-runtime" if on_cpu and runtime != "cpu" else ""
-
-
-def this_runtime():
-    """What this machine trains on, "cpu", "gpu" or "tpu", read without TensorFlow."""
-    from pyimagesearch.platforms.host import detect
-
-    return detect().accelerator
 
 
 def figure_path(device):

@@ -1,244 +1,22 @@
-"""TensorFlow's workarounds, in one place: quiet native logs, and private hooks.
+"""TensorFlow's private hooks, in one place, each naming what it works around.
 
-1. `native_stderr_quiet`: TensorFlow's native start-up lines off the
-   terminal, without losing them; `quiet_tensorflow_import` does it for
-   the first import of TensorFlow, whichever module makes it.
-2. `plain_device_buffers`: no autotuning on the per-device input buffers
+1. `plain_device_buffers`: no autotuning on the per-device input buffers
    of CPU strategies (rehearsal epochs stalled for minutes).
-3. `local_cpu_devices`: several logical CPU devices per worker under
+2. `local_cpu_devices`: several logical CPU devices per worker under
    MultiWorkerMirroredStrategy, for rehearsals.
-4. `bound_cluster_start`: a limit on how long MultiWorkerMirroredStrategy
+3. `bound_cluster_start`: a limit on how long MultiWorkerMirroredStrategy
    waits for the other workers to start.
-5. `preemption_handler_acts` and `stop_preemption_handler`: where
+4. `preemption_handler_acts` and `stop_preemption_handler`: where
    TensorFlow's PreemptionCheckpointHandler does anything, and stopping its
    watcher threads when training ends.
-6. `filter_collective_noise`: in a cluster, TensorFlow's C++ lines about a
-   collective aborted by a lost peer off stderr (the run says it in one line).
-7. `open_closed_standard_streams`: a standard stream the caller closed
-   (`python train_cpu.py >&-`) gets /dev/null, before TensorFlow opens a file
-   that would take its number and receive its C++ lines.
 
 The hooks reach into private TensorFlow API; tests check that they still
-exist in the TensorFlow versions CI runs (2.20 and 2.21).
-
-Quiet native logs.
-
-Importing TensorFlow and discovering devices print C++ log lines (oneDNN
-notices, "could not find cuda drivers", a failed cuInit on a machine without
-a GPU) straight to file descriptor 2, where no Python setting reaches them.
-They bury the one line a user needs when something is wrong, so those
-moments run inside `native_stderr_quiet()`, with fd 2 pointed at a temporary
-file:
-
-- the block yields a `CapturedStderr`, so the caller can read what TensorFlow
-  said (the reason it found no GPU, say) and put it in its own message;
-- if the block raises, what was captured is written back to the real stderr
-  before the exception travels on (unless the caller expected that error);
-- if the process dies inside the block (a C++ abort or CHECK failure, a
-  signal), a watchdog process started before the redirection copies the
-  captured lines to the real stderr, so a crash never loses its last words.
-
-Set PYIMAGESEARCH_VERBOSE_TF=1 to capture nothing at all: every native line
-then reaches the terminal the moment TensorFlow writes it.
+exist, and still do what is worked around, in the TensorFlow versions CI runs.
 """
 import contextlib
-import importlib.abc
-import importlib.util
-import os
-import subprocess
 import sys
-import tempfile
 
-VERBOSE_ENV = "PYIMAGESEARCH_VERBOSE_TF"  # set to anything non-empty: no capture
-# How TensorFlow's C++ starts a log record (the level letter, then the message):
-# "E0000 00:00:1796065747.16    7071 cuda_platform.cc:52] failed call to ..." (TF 2.21, absl)
-# "2026-11-30 19:11:58.56: E external/.../cuda_platform.cc:51] failed call ..." (TF 2.20's own)
-TF_LOG_LINE = (r"^(?:(?P<absl>[IWEF])\d{4} [\d:.]+ +\d+"
-               r"|[\d-]+ [\d:.]+: (?P<tsl>[IWEF]))"
-               r" \S+:\d+\] (?P<message>.*)")
-_ALL_WELL = b"ok"  # what the block tells its watchdog when it ends alive
-
-# The watchdog: a bare Python (-I -S: no site packages, ~10 ms to start).
-# stdin is a pipe from the parent, stdout the real stderr, argv[1] the
-# captured file's descriptor and argv[2] the all-well token. The pipe closes
-# when the parent finishes the block or dies; only in the second case has
-# nobody else shown the captured lines, so only then are they copied out.
-_WATCHDOG = """
-import os, sys
-capture, all_well = int(sys.argv[1]), sys.argv[2].encode()
-heard = b""
-while True:
-    chunk = os.read(0, 64)
-    if not chunk:
-        break
-    heard += chunk
-if heard != all_well:
-    offset = 0
-    try:
-        while True:
-            data = os.pread(capture, 65536, offset)
-            if not data:
-                break
-            offset += len(data)
-            while data:
-                data = data[os.write(1, data):]
-    except OSError:
-        pass  # the real stderr is gone too: nobody left to tell
-"""
-
-
-class CapturedStderr:
-    """What reached fd 2 inside a `native_stderr_quiet()` block."""
-
-    def __init__(self, fd=None):
-        self._fd = fd  # the capture file while the block runs, else None
-        self._data = b""
-
-    def data(self):
-        """The captured bytes so far; all of them once the block has ended."""
-        if self._fd is None:
-            return self._data
-        # pread leaves the file offset alone: fd 2 shares it and keeps writing
-        size = os.fstat(self._fd).st_size
-        return os.pread(self._fd, size, 0) if size else b""
-
-    def text(self):
-        """The captured output as text (undecodable bytes replaced)."""
-        return self.data().decode("utf-8", errors="replace")
-
-    def _keep(self):
-        """Hold on to the captured bytes: the file is about to be closed."""
-        self._data = self.data()
-        self._fd = None
-
-
-def _write_all(fd, data):
-    """os.write until every byte of `data` is out."""
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _start_watchdog(capture_fd):
-    """Start the watchdog for `capture_fd`; None if it cannot be started."""
-    if not sys.executable:  # an embedded interpreter: no Python to start
-        return None
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(capture_fd),
-             _ALL_WELL.decode()],
-            stdin=subprocess.PIPE, stdout=2, pass_fds=(capture_fd,),
-            # its own session: Ctrl-C must reach only the training process,
-            # which replays the capture itself as the KeyboardInterrupt passes
-            start_new_session=True)
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def native_stderr_quiet(expected=()):
-    """Send fd 2 to a temporary file for the duration; yield a CapturedStderr.
-
-    An exception of a type in `expected` is one the caller turns into its own
-    message, so the captured lines are dropped then, not replayed; any other
-    exception replays them first.
-    """
-    if os.environ.get(VERBOSE_ENV):  # escape hatch for debugging
-        yield CapturedStderr()
-        return
-    with tempfile.TemporaryFile(mode="w+b") as capture:
-        watchdog = _start_watchdog(capture.fileno())
-        if watchdog is None:  # unguarded, a crash would be silent: stay loud
-            yield CapturedStderr()
-            return
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(capture.fileno(), 2)
-        captured = CapturedStderr(capture.fileno())
-        try:
-            yield captured
-        except BaseException as error:
-            if not isinstance(error, expected):
-                os.dup2(saved, 2)
-                _write_all(2, captured.data())
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured._keep()
-            # the lines were shown or deliberately dropped: stand it down,
-            # and wait so that no process outlives the block
-            watchdog.communicate(_ALL_WELL)
-
-
-class _QuietLoader(importlib.abc.Loader):
-    """Runs another loader's module inside `native_stderr_quiet()`."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        with native_stderr_quiet():
-            self._loader.exec_module(module)
-
-    def __getattr__(self, name):  # get_resource_reader and the like
-        return getattr(self._loader, name)
-
-
-class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
-    """Finds `tensorflow` once, with a loader that keeps its start-up lines quiet."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow":
-            return None
-        sys.meta_path.remove(self)  # once: later imports find it in sys.modules
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _QuietLoader(spec.loader)
-        return spec
-
-
-def open_closed_standard_streams():
-    """Give /dev/null to fds 0, 1 and 2 where the caller closed them.
-
-    A closed fd 1 or 2 is the lowest free number: the next file opened (a
-    checkpoint, a record, the temporary file of `native_stderr_quiet`) would
-    take it, and whatever is printed or logged would be written into that
-    file. Python has set the stream to None, where `sys.stdout.flush()`
-    fails: it gets a stream on /dev/null too. What is printed is then lost,
-    as the caller asked, and the run goes on.
-    """
-    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
-        try:
-            os.fstat(fd)
-            continue
-        except OSError:
-            pass
-        null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
-
-
-def quiet_tensorflow_import():
-    """Make the first `import tensorflow` in this process quiet, whoever imports it.
-
-    The package itself does not import TensorFlow: a TPU v5e or v6e needs
-    its runtime chosen before TensorFlow loads (platforms.tpu_runtime), and
-    a notebook's kernel must not load it at all (platforms.notebook). So the
-    first module that needs TensorFlow imports it, and this hook quiets that
-    import, as `native_stderr_quiet` quiets the other native moments.
-    """
-    if "tensorflow" in sys.modules or os.environ.get(VERBOSE_ENV):
-        return
-    if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _QuietTensorFlowFinder())
-
+from pyimagesearch.base.errors import UserError
 
 def plain_device_buffers():
     """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
@@ -318,8 +96,6 @@ class local_cpu_devices:
         extended = car.CollectiveAllReduceExtended
         self._original = getattr(extended, "_initialize_local_devices", None)
         if self._original is None:
-            from pyimagesearch.training.errors import UserError  # here: see plain_device_buffers
-
             raise UserError("this TensorFlow cannot rehearse several devices per "
                             "worker; use --rehearse 1 and more workers")
         count = self.count
@@ -348,8 +124,6 @@ def private_api(what):
         yield
     except (ImportError, AttributeError) as error:
         import tensorflow as tf
-
-        from pyimagesearch.training.errors import UserError  # here: see plain_device_buffers
 
         raise UserError(f"TensorFlow {tf.__version__} lacks {what} ({error}), a private API "
                         "that multi-worker runs use; install TensorFlow 2.20 or 2.21, the "
@@ -418,84 +192,3 @@ def stop_preemption_handler(handler):
                  "_stop_poll_termination_signal_thread"):
         getattr(handler, name, lambda: None)()
 
-
-# --- a lost peer, said once ---------------------------------------------------------
-#
-# When a peer of a cluster dies, TensorFlow's C++ runtime logs the aborted
-# collective straight to fd 2 ("Aborting RingReduce", "Collective ops is
-# aborted by", and the lines that continue a record: gRPC's details, the
-# coordination service's list of unhealthy tasks) before Python hears of it;
-# the run then says the same in its one line (cluster.peer_lost). In a
-# cluster, fd 2 goes through a filter process that drops those records and
-# passes every other line on at once. A process, not a thread: if this one
-# dies of a crash, the filter still reads the pipe to its end, so no last
-# words are lost. A record starts as TF_LOG_LINE says, in either of
-# TensorFlow's forms (argv[1]); the words that mark it dropped follow.
-
-_COLLECTIVE_ABORT = ("RingReduce", "StartAbort", "Collective ops is aborted",
-                     "Local rendezvous is aborting", "CollectiveReduce", "CollectiveGather",
-                     "CollectiveBcast", "Connection reset by peer", "Socket closed",
-                     "stopped sending heartbeats")
-_FILTER = r"""
-import os, re, signal, sys
-for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
-record = re.compile(sys.argv[1].encode())
-aborted = tuple(word.encode() for word in sys.argv[2:])
-continued = (b"Additional GRPC error information", b":UNKNOWN:", b':{"created":', b"\t [[",
-             b"The error could be from a previous operation", b"/job:",
-             b"The tasks have crashed.")
-dropping = False
-out = sys.stdout.buffer
-for line in sys.stdin.buffer:
-    if record.match(line):
-        dropping = any(word in line for word in aborted)
-    elif dropping and not line.startswith(continued):
-        dropping = False
-    if not dropping:
-        try:
-            out.write(line)
-            out.flush()
-        except OSError:
-            pass  # nobody reads stderr any more: keep draining the pipe
-"""
-_noise_filter = {}
-
-
-def filter_collective_noise():
-    """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF)."""
-    if _noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
-        return
-    sys.stderr.flush()
-    real = os.dup(2)
-    reader, writer = os.pipe()
-    try:
-        process = subprocess.Popen([sys.executable, "-c", _FILTER, TF_LOG_LINE,
-                                    *_COLLECTIVE_ABORT],
-                                   stdin=reader, stdout=real, stderr=subprocess.DEVNULL)
-    except OSError:  # no filter: the lines pass as they are
-        os.close(writer)
-        os.close(real)
-        return
-    finally:
-        os.close(reader)
-    os.dup2(writer, 2)
-    os.close(writer)
-    _noise_filter.update(real=real, process=process)
-
-
-def end_collective_noise_filter(timeout_s=5.0):
-    """fd 2 back to the real stderr, after the filter has passed on all it was given."""
-    if not _noise_filter:
-        return
-    try:
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    os.dup2(_noise_filter["real"], 2)  # the pipe's last writer closes: the filter drains, ends
-    os.close(_noise_filter["real"])
-    try:
-        _noise_filter["process"].wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _noise_filter["process"].kill()
-    _noise_filter.clear()

@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from pyimagesearch.training.errors import UserError, first_line
+from pyimagesearch.base.errors import UserError, first_line
 
 
 def join(folder, name):

@@ -11,7 +11,7 @@ step goes through `tf.io.gfile`, so the folder may be a bucket.
 
 - An error on the way (a full disk, a permission, a bucket gone) puts the
   old files back, and the one line says so.
-- Ctrl-C and SIGTERM wait for the swap to end (`preemption.deferred`).
+- Ctrl-C and SIGTERM wait for the swap to end (`signals.deferred`).
 - A SIGKILL, or a machine that dies, leaves the journal: the next run's
   `recover` finishes the swap (marked done: the new set is whole) or undoes
   it (the old set comes back), and says which in one line. It also removes
@@ -24,9 +24,9 @@ import socket
 
 import tensorflow as tf
 
-from pyimagesearch.training import preemption
-from pyimagesearch.training.errors import UserError, first_line
-from pyimagesearch.training.files import (file_to_write, join, not_a_file, read_json,
+from pyimagesearch.base import signals
+from pyimagesearch.base.errors import UserError, first_line
+from pyimagesearch.base.files import (file_to_write, join, not_a_file, read_json,
                                           running, scratch_folder, write_json)
 
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
@@ -50,7 +50,7 @@ def publish(folder, staged):
                             "name; move it away (earlier outputs are untouched)")
     journal = join(folder, f".publish-{pid}.json")
     entry = {"host": socket.gethostname(), "pid": pid, "state": "swapping", "moves": moves}
-    with preemption.deferred():  # Ctrl-C and SIGTERM act once the swap is over
+    with signals.deferred():  # Ctrl-C and SIGTERM act once the swap is over
         try:
             for move in moves:
                 tf.io.gfile.copy(staged[move["name"]], join(folder, move["tmp"]),
