@@ -34,6 +34,7 @@ import sys
 from pyimagesearch.platforms import backend
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_dir  # noqa: E402
 from pyimagesearch.base.errors import UserError
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
@@ -404,7 +405,7 @@ def main(argv=None):
         raise UserError(f"no run records in {', '.join(args.folders)}; run "
                         "train_cpu.py, train_gpu.py or train_tpu.py first")
     output_dir = args.output_dir or args.folders[0]
-    cli.check_output_dir(output_dir)
+    check_output_dir(output_dir)
 
     rows = [table_row(name, record) for name, (_, _, record) in runs.items()]
     table = markdown_table(rows)

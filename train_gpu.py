@@ -22,7 +22,6 @@ from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
-from pyimagesearch.training.loop import custom_loop  # +
 import tensorflow as tf
 # the article's `from tensorflow... import` lines are the TPU's; this script
 # needs none of them (array_to_img: see the figure below)
@@ -49,7 +48,7 @@ def main(argv=None):  # +
     print(f"[INFO] Number of accelerators: {numAcc}")
     # + the flags set config's values: BATCH_SIZE, the steps derived from it,
     # + EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
-    config, plan = cli.configure("gpu", args, strategy)  # +
+    plan = cli.configure("gpu", args, strategy)  # +
 
     # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
     # right after its import; here config.SEED (42, or --seed), once the flags are read
@@ -85,6 +84,7 @@ def main(argv=None):  # +
         # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom, and every cluster: loop.py
+            from pyimagesearch.training.loop import custom_loop  # + loaded for it only
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first

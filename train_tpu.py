@@ -22,7 +22,6 @@ from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
 from pyimagesearch import cli, outputs, strategies  # +
-from pyimagesearch.training.loop import custom_loop  # +
 import keras  # + its backend, JAX or TensorFlow, is the route tpu_runtime chose
 import tensorflow as tf
 # the article's five `from tensorflow... import` lines: on TensorFlow 2.20 and
@@ -55,7 +54,7 @@ def main(argv=None):  # +
     print(f"[INFO] Number of accelerators: {numAcc}")
     # + the flags set config's values: TPU_BATCH_SIZE, the steps derived from
     # + it, EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
-    config, plan = cli.configure("tpu", args, strategy)  # +
+    plan = cli.configure("tpu", args, strategy)  # +
 
     # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
     # right after its import; here config.SEED (42, or --seed), once the flags are read
@@ -93,6 +92,7 @@ def main(argv=None):  # +
         # steps_per_execution and carry its iterator on from epoch to epoch)
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
+            from pyimagesearch.training.loop import custom_loop  # + loaded for it only
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first

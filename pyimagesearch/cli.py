@@ -2,9 +2,9 @@
 
 - `parse_args`: the flags (each defaults to config.py), TF_CONFIG and the
   output folders, all checked before any device is set up;
-- `configure`: config.py's names with the values the flags give them on a
-  strategy (batch, steps, epochs, seed, the optimizer with its learning
-  rate), which the listing's lines then read, and the run's `plan`;
+- `configure`: sets config.py's names to the values the flags give them on
+  a strategy (batch, steps, epochs, seed, the optimizer with its learning
+  rate), which the listing's lines then read; returns the run's `plan`;
 - `plan`: what the flags ask of a run on its strategy (a RunPlan, which
   `get_data` reads): global batch, steps, data source, precision;
 - `callbacks`: the callbacks the flags ask for (timer, backup, TensorBoard,
@@ -16,19 +16,19 @@
 import argparse
 import dataclasses
 import os
-import types
 
 from pyimagesearch import config
 from pyimagesearch.datasets.sources import SOURCES
-from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
-from pyimagesearch.base.errors import NothingToDo, UserError, first_line
+from pyimagesearch.base.errors import NothingToDo, UserError
+from pyimagesearch.base.files import check_output_dir
 # how a run ends: one line and an exit status a scheduler understands (training/exits.py)
 from pyimagesearch.training.exits import note_run, run_main  # noqa: F401  (the scripts')
 # the flag types and the one-line parser, shared with the tools (training/flags.py)
 from pyimagesearch.training.flags import (MAX_SEED, OneLineParser, bounded_int,  # noqa: F401
                                           non_negative_int, positive_float, positive_int,
                                           seed, step_range)
-from pyimagesearch.training.settings import Settings, figure_path
+from pyimagesearch.training.settings import (Settings, figure_path, put_config_back,  # noqa: F401
+                                             set_config, written)
 from pyimagesearch.training.precision import PRECISIONS
 
 EXIT_USER_ERROR = UserError.exit_status
@@ -59,11 +59,11 @@ def build_parser(device, description):
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     on_tpu = device == "tpu"
-    parser.add_argument("--epochs", type=bounded_int(1, MAX_EPOCHS), default=config.EPOCHS,
+    parser.add_argument("--epochs", type=bounded_int(1, MAX_EPOCHS), default=written("EPOCHS"),
                         help="training epochs (default %(default)s)")
     parser.add_argument(
         "--batch-size", type=positive_int,
-        default=config.TPU_BATCH_SIZE if on_tpu else config.BATCH_SIZE,
+        default=written("TPU_BATCH_SIZE") if on_tpu else written("BATCH_SIZE"),
         help=("global batch, split evenly across the TPU cores" if on_tpu else
               "batch per replica; the global batch is this times the replica count")
         + " (default %(default)s)")
@@ -83,16 +83,16 @@ def build_parser(device, description):
                         help="where the figure, run record and model go: a folder "
                              "or a bucket, gs://... (default %(default)s, the folder "
                              f"of config.{device.upper()}_IMG_PATH)")
-    parser.add_argument("--seed", type=seed, default=config.SEED,
+    parser.add_argument("--seed", type=seed, default=written("SEED"),
                         help="random seed (default %(default)s)")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=config.OPTIMIZER,
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=written("OPTIMIZER"),
                         help="optimizer (default %(default)s)")
     parser.add_argument("--learning-rate", type=positive_float,
-                        default=config.LEARNING_RATE,
+                        default=written("LEARNING_RATE"),
                         help="learning rate (default %(default)s)")
     parser.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none",
                         help="scale the learning rate with the global batch over "
-                             f"{config.BATCH_SIZE} (default %(default)s)")
+                             f"{written('BATCH_SIZE')} (default %(default)s)")
     parser.add_argument("--loop", choices=LOOPS, default="fit",
                         help="model.fit, or the explicit custom loop with "
                              "tf.nn.compute_average_loss (default %(default)s)")
@@ -140,18 +140,6 @@ def build_parser(device, description):
     return parser
 
 
-def check_output_file(path):
-    """Prove that `path` can be written (its folder is created if needed).
-
-    A symbolic link is followed, as publish_json follows it; a folder, a pipe
-    or a device (`/dev/full`) is refused.
-    """
-    from pyimagesearch.base.files import file_to_write
-
-    path = file_to_write(path)  # a dangling link: where its target would be
-    check_output_dir(os.path.dirname(path) or ".")
-
-
 def parse_args(device, description, argv=None):
     """The flags of train_<device>.py, checked before any device is set up.
 
@@ -159,6 +147,7 @@ def parse_args(device, description, argv=None):
     (train_gpu.py only), else None; every folder this process will write
     is created and proven writable.
     """
+    put_config_back()  # an earlier run's flags in this process: its defaults are config.py's
     args = build_parser(device, description).parse_args(argv)
     args.cluster = read_cluster(device)
     note_run(args.cluster)  # run_main reports a lost peer of it; --backup-dir resumes it
@@ -168,28 +157,28 @@ def parse_args(device, description, argv=None):
 
 
 def configure(device, args, strategy):
-    """config.py's values as the flags set them for a run on `strategy`; and the run's plan.
+    """Set config.py's values as the flags give them for a run on `strategy`; the run's plan.
 
-    The config is a copy of config.py's upper-case names (a reader's edits
-    included, since the flags' defaults are read from them), never config.py
-    itself, so a second run in the same interpreter starts from config.py
-    again. Changed: SEED and EPOCHS; the batch (TPU_BATCH_SIZE, global; on
-    CPU and GPU BATCH_SIZE, per replica) and the steps per epoch
-    (TPU_STEPS_PER_EPOCH, or STEPS_PER_EPOCH on CPU and GPU) derived from
-    it; on a TPU, TPU_VALIDATION_STEPS as the data source allows; and
-    OPTIMIZER, a Keras optimizer config that carries the learning rate
-    (scaled by --lr-scaling), which compile() builds inside the strategy's scope.
+    In place, so the listing's `config.BATCH_SIZE` and the rest are
+    config.py's own names, with this run's values. Changed: SEED and EPOCHS;
+    the batch (TPU_BATCH_SIZE, global; on CPU and GPU BATCH_SIZE, per
+    replica) and the steps per epoch (TPU_STEPS_PER_EPOCH, or STEPS_PER_EPOCH
+    on CPU and GPU) derived from it; on a TPU, TPU_VALIDATION_STEPS as the
+    data source allows; and OPTIMIZER, a Keras optimizer config that carries
+    the learning rate (scaled by --lr-scaling), which compile() builds inside
+    the strategy's scope. What they were before is kept (settings.written),
+    and put back when the next run in this process reads its flags.
     """
     run = plan(device, args, strategy)
-    values = {name: getattr(config, name) for name in dir(config) if name.isupper()}
-    values.update(SEED=args.seed, EPOCHS=args.epochs, OPTIMIZER=run.optimizer_config())
+    values = dict(SEED=args.seed, EPOCHS=args.epochs, OPTIMIZER=run.optimizer_config())
     if device == "tpu":
         values.update(TPU_BATCH_SIZE=run.global_batch_size,
                       TPU_STEPS_PER_EPOCH=run.steps_per_epoch,
                       TPU_VALIDATION_STEPS=run.validation.steps)
     else:
         values.update(BATCH_SIZE=args.batch_size, STEPS_PER_EPOCH=run.steps_per_epoch)
-    return types.SimpleNamespace(**values), run
+    set_config(values)
+    return run
 
 
 def plan(device, args, strategy):
@@ -201,10 +190,8 @@ def plan(device, args, strategy):
     checks that every worker runs the same settings on the same data.
     """
     from pyimagesearch.datasets.sources import probe_network, resolve_data_dir, resolve_source
-    from pyimagesearch.training.cluster import check_workers_agree, shared_decision
     from pyimagesearch.training.plan import check_levers, plan_run
     from pyimagesearch.training.precision import set_precision
-    from pyimagesearch.training.workarounds import preemption_handler_acts
 
     settings = Settings.from_args(args)
     backend = getattr(strategy, "keras_backend", "tensorflow")
@@ -219,6 +206,9 @@ def plan(device, args, strategy):
     if node:
         check_tpu_node_paths(settings, node)
     print(run.describe())
+    if args.cluster:
+        from pyimagesearch.training.cluster import check_workers_agree, shared_decision
+        from pyimagesearch.training.workarounds import preemption_handler_acts
     network = None
     if args.cluster and settings.data_source in ("auto", "tfds"):
         # one probe, the chief's, for every worker: a slow worker's own would
@@ -304,8 +294,14 @@ def read_cluster(device):
     """This process's place in the cluster TF_CONFIG describes; None when it trains alone.
 
     Only train_gpu.py trains across machines; an evaluator task has nothing
-    to do, since validation runs inside training.
+    to do, since validation runs inside training. Without TF_CONFIG or a
+    JobSet's variables, the cluster module is not even loaded.
     """
+    if not os.environ.get("TF_CONFIG", "").strip() and not os.environ.get("JOBSET_NAME"):
+        os.environ.pop("TF_CONFIG", None)  # an empty one: TensorFlow would fail to parse it
+        return None
+    from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
+
     cluster = read_tf_config()
     if cluster is None:
         return None
@@ -370,34 +366,3 @@ def _within(path, folder, real=True):
         path, folder = resolve(path), resolve(folder)
     path, folder = path.rstrip("/"), folder.rstrip("/")
     return path == folder or path.startswith(folder + "/")
-
-
-def check_output_dir(path, kind="output folder"):
-    """Create `path` if needed and prove it is writable, before any training.
-
-    Through tf.io.gfile, so a bucket (gs://...) is checked as what it is and
-    never becomes a local folder called "gs:".
-    """
-    import tensorflow as tf
-
-    from pyimagesearch.base.files import join
-    from pyimagesearch.base.terminal import native_stderr_quiet
-
-    if os.path.islink(path) and not os.path.lexists(os.path.realpath(path)):
-        raise UserError(f"cannot write to {kind} {path}: it is a symbolic link to "
-                        f"{os.readlink(path)}, which does not exist; create that folder or "
-                        "give another")
-    expected = (OSError, tf.errors.OpError)
-    try:
-        # a bucket that cannot be reached also logs failed credential look-ups
-        with native_stderr_quiet(expected):
-            tf.io.gfile.makedirs(path)
-            probe = join(path, f".write-test-{os.getpid()}")
-            with tf.io.gfile.GFile(probe, "w") as handle:
-                handle.write("")
-            tf.io.gfile.remove(probe)
-    except expected as error:
-        hint = ("; is the bucket reachable, and are Google Cloud credentials set?"
-                if "://" in path else "")
-        raise UserError(f"cannot write to {kind} {path}: "
-                        f"{first_line(error)}{hint}") from error

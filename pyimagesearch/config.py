@@ -1,8 +1,9 @@
 """Training configuration: the article's names, one constant per line.
 
 Every value here is a default; the training scripts let a flag override it:
-cli.configure gives each run a copy of these names with the flags' values,
-which the scripts' listing lines read (config.TPU_BATCH_SIZE, config.EPOCHS, ...).
+cli.configure sets these names to the flags' values for the run, which the
+scripts' listing lines read (config.TPU_BATCH_SIZE, config.EPOCHS, ...); a
+second run in the same process starts from these defaults again.
 Values derived from others (steps per epoch) are computed from them so that
 changing one constant cannot leave another stale.
 """

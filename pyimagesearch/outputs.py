@@ -18,14 +18,14 @@ import tensorflow as tf
 
 from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered for load_model)
 from pyimagesearch.platforms.host import detect
-from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
-from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.base.files import join, scratch_folder, write_json
 from pyimagesearch.training.settings import flags_apart
 from pyimagesearch.base.publish import StagedOutputs, published
 
 def load_model(path):
     """A model the scripts saved (`outputs/cpu.keras`), its classes registered by this import."""
+    from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
+
     return keras.saving.load_model(path)
 
 
@@ -103,8 +103,7 @@ def run_record(plan, run, trained):
             strategy).__name__.lstrip("_"),  # the default strategy's is _Default...
         "workers": plan.workers,
         # how the workers' all-reduces travel (several machines only)
-        "communication": (collective_communication(plan.rehearsal).name
-                          if multi_worker else None),
+        "communication": (_communication(plan.rehearsal) if multi_worker else None),
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.global_batch_size // plan.replicas,
@@ -194,3 +193,10 @@ def machine_info():
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"platform": platform.platform(), "processor": platform.machine(),
             "cpu_model": model, "cpu_count": cpus, "python": platform.python_version()}
+
+
+def _communication(rehearsal):
+    """How a cluster's all-reduces travel (loaded with the cluster module, for clusters only)."""
+    from pyimagesearch.training.cluster import collective_communication
+
+    return collective_communication(rehearsal).name

@@ -8,31 +8,25 @@ need around them, and the strategies that stand in for hardware:
 - `check_gpus`: no GPU, or a CUDA that will not load, is one line that
   gives TensorFlow's own cause;
 - `tpu_errors`: the article's four TPU calls inside it fail in one line
-  that gives TensorFlow's cause (no TPU, nothing at its address, no TPU
-  device, a TPU held by another process), and the lookup it hands them is
-  bounded in time and checks the devices before anything initialises them;
+  that gives TensorFlow's cause (training/tpu_lookup.py, loaded for a TPU
+  only);
 - `rehearsal`: N logical CPU devices under MirroredStrategy, standing in
   for N GPUs or TPU cores;
 - `multi_worker`: MultiWorkerMirroredStrategy for one worker of a
-  TF_CONFIG cluster, after the other workers have started.
+  TF_CONFIG cluster, after the other workers have started (training/cluster.py,
+  loaded for a cluster only);
+- `data_parallel`: Keras on JAX's DataParallel, for train_tpu.py on a JAX TPU image.
 
 Device set-up in TensorFlow must happen before its runtime starts (the first
 op), so the scripts build their strategy first thing after parsing flags.
 """
-import contextlib
-import os
 import re
-import threading
 
 import tensorflow as tf
 
-from pyimagesearch.platforms import tpu_runtime
-from pyimagesearch.platforms.host import detect
-from pyimagesearch.training.cluster import (answers, collective_communication,
-                                            gave_up_waiting, missing_peers, wait_for_peers)
 from pyimagesearch.base.errors import UserError, first_line
 from pyimagesearch.base.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
-from pyimagesearch.training.workarounds import bound_cluster_start, local_cpu_devices, plain_device_buffers
+from pyimagesearch.training.workarounds import plain_device_buffers
 
 
 def cpu_only():
@@ -155,175 +149,19 @@ def data_parallel(replicas=None):
     return jax_route.strategy(replicas)
 
 
-TPU_LOOKUP_TIMEOUT_S = 60  # s; how long the TPU lookup may wait on Google Cloud
-_REHEARSE_TPU = "use --rehearse 8 to rehearse on 8 logical CPU devices"
-# OSError: a resolver that asks Google Cloud's metadata server off Cloud
-_TPU_ERRORS = (ValueError, RuntimeError, OSError, tf.errors.OpError)
-
-
-def _tpu_label(tpu):
-    """How a message names the TPU: the name TPUClusterResolver was given or reads."""
-    name = (tpu or os.environ.get("KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS")
-            or os.environ.get("TPU_NAME"))
-    if name == "local":
-        return "the TPU on this machine"
-    return f"TPU {name!r}" if name else "the TPU"
-
-
-def _tpu_resolver(resolver, tpu):
-    """`resolver` (TPUClusterResolver) for `tpu`; without one, this TPU VM's chips, or what the
-    environment names.
-
-    Where this machine has TPU chips (any device file or PCI id host.py
-    counts), it is a TPU VM, and TensorFlow reaches its chips as local
-    devices: tpu="local", as Google's recipes pass. Colab's and Kaggle's
-    TPU VMs set nothing TPUClusterResolver() reads: it raises "Please
-    provide a TPU Name" there (googlecolab/colabtools#4699, #5717).
-    """
-    if tpu:
-        return resolver(tpu=tpu)
-    if detect().tpu_chips:
-        return resolver(tpu="local")
-    return resolver()  # TPU_NAME, TPU_CONFIG or GKE's endpoints name a TPU elsewhere
-
-
-def _find_tpu(resolver, tpu):
-    """_tpu_resolver(resolver, tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
-
-    Given a TPU name (--tpu or $TPU_NAME) but no project and zone,
-    TPUClusterResolver asks Google Cloud's metadata server for them with no
-    time limit; off Google Cloud that can hang for good. So it runs in a
-    daemon thread, which an exiting process does not wait for. Something
-    must answer at the address it finds: TensorFlow would wait for one for
-    ever, deaf to SIGTERM and Ctrl-C. A TPU on this machine must be among
-    TensorFlow's devices.
-    """
-    if tpu and tpu.startswith("grpc://["):
-        # TPUClusterResolver splits the address at its first colon
-        # (grpc://[::1]:8470 becomes grpc://[:), so it would dial nothing
-        raise UserError(f"TensorFlow's TPUClusterResolver cannot take the IPv6 address {tpu}; "
-                        "give the TPU's name or its IPv4 address, or " + _REHEARSE_TPU)
-    outcome = {}
-
-    def look_up():
-        try:
-            outcome["resolver"] = _tpu_resolver(resolver, tpu)
-        except BaseException as error:  # handed over to the waiting thread
-            outcome["error"] = error
-
-    lookup = threading.Thread(target=look_up, name="tpu-lookup", daemon=True)
-    try:
-        with native_stderr_quiet(_TPU_ERRORS):
-            lookup.start()
-            lookup.join(TPU_LOOKUP_TIMEOUT_S)
-            if "error" in outcome:
-                raise outcome["error"]  # here, so a bug's captured lines replay
-    except _TPU_ERRORS as error:
-        raise UserError(f"no TPU found ({tensorflow_cause(error)}); pass --tpu NAME, "
-                        f"or {_REHEARSE_TPU}") from error
-    if lookup.is_alive():
-        raise UserError(
-            f"gave up looking for {_tpu_label(tpu)} after {TPU_LOOKUP_TIMEOUT_S:g} s "
-            "waiting for Google Cloud's metadata server (TPUClusterResolver asks it "
-            "for the project and zone); off Google Cloud pass --tpu grpc://ADDRESS:8470, "
-            f"or {_REHEARSE_TPU}")
-    found = outcome["resolver"]
-    address = found.master()
-    if address.startswith("grpc://") and not answers(address[len("grpc://"):], timeout_s=10):
-        # a TPU_NAME that names a TPU VM itself resolves to its own :8470, where
-        # only a TPU Node listens: on the VM, its chips are local devices
-        here = "this machine has TPU chips: " if detect().tpu_chips else ""
-        raise UserError(f"nothing answers at {address}, where the TPU should be; "
-                        f"{here}on a TPU VM pass --tpu local, else check its address, "
-                        f"or {_REHEARSE_TPU}")
-    if address in ("", "local"):
-        _check_local_tpu_devices()
-    return found
-
-
-def local_devices():
-    """The logical devices TensorFlow sees in this process (it starts its runtime)."""
-    return tf.config.list_logical_devices()
-
-
-def _check_local_tpu_devices():
-    """Stop with one line unless TensorFlow lists a TPU device on this machine.
-
-    Said before initialize_tpu_system runs: where libtpu found no chip, that
-    can die of SIGSEGV without a word. TensorFlow lists a TPU VM's chips
-    before initialising them (its TPU:N devices, tensorflow/tensorflow#61293);
-    a TPU reached at a grpc:// address is checked by answering there instead.
-    """
-    seen = [device.device_type for device in local_devices()]
-    if "TPU" not in seen:
-        types = ", ".join(sorted(set(seen))) or "none"
-        raise UserError(f"TensorFlow lists no TPU device on this machine (only {types}), so "
-                        f"its TPU cannot be initialised; likely causes: "
-                        f"{tpu_runtime.likely_causes()}; or {_REHEARSE_TPU}")
-
-
-# Lines of TensorFlow's error text that are not its cause: the frame of a
-# failed tf.function (tensorflow/python/eager/polymorphic_function/
-# atomic_function.py, framework/error_interpolation.py) and its stack
-_NOT_THE_CAUSE = ("Graph execution error", "Detected at node", "<stack traces unavailable>",
-                  "Node: ", "[[")
-
-
-def tensorflow_cause(error):
-    """The first line of `error`'s message that says what went wrong, not where.
-
-    A TPU that fails in initialize_tpu_system raises "Graph execution
-    error:", then the node and its stack, and only then the cause (a
-    RET_CHECK, "No TPU platform found"). Lines that start with white space
-    are stack frames.
-    """
-    text = str(getattr(error, "strerror", None) or getattr(error, "message", None) or error)
-    for line in text.splitlines():
-        if line.strip() and not line[0].isspace() and not line.startswith(_NOT_THE_CAUSE):
-            return line.strip()
-    return first_line(error)
-
-
-@contextlib.contextmanager
 def tpu_errors(tpu=None):
     """Around the article's TPU set-up: whatever fails ends the run in one line.
 
-    with tpu_errors(args.tpu) as find:
+    with strategies.tpu_errors(args.tpu) as find:
         tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)
-        tf.config.experimental_connect_to_cluster(tpu)
-        tf.tpu.experimental.initialize_tpu_system(tpu)
+        ...
 
-    `find(TPUClusterResolver)` resolves `tpu` (a name or a grpc:// address;
-    None: what Colab, Kaggle or a TPU VM provide) within
-    TPU_LOOKUP_TIMEOUT_S, and checks that something answers at its address.
-    A TPU found is not a TPU usable: one held by another process (a second
-    notebook, a stale run) fails to initialise, and the line says so.
+    The lookup, its time limit and the one-line failures are
+    training/tpu_lookup.py's, loaded by the TPU scripts only.
     """
-    try:
-        # TensorFlow's lines on the way go unseen: ours says what failed
-        with native_stderr_quiet(_TPU_ERRORS + (UserError,)):
-            yield lambda resolver: _find_tpu(resolver, tpu)
-    except _TPU_ERRORS as error:
-        detail = tensorflow_cause(error)
-        hint = _REHEARSE_TPU
-        if re.search(r"in use|busy|lockfile", detail, re.IGNORECASE):
-            hint = f"end the process that holds it, or {hint}"
-        if "initialize_tpu_system" in _calls(error):
-            problem = f"{_tpu_label(tpu)} was found but could not be initialised"
-            if hint == _REHEARSE_TPU:
-                hint = f"likely causes: {tpu_runtime.likely_causes()}; or {hint}"
-        else:
-            problem = f"could not connect to {_tpu_label(tpu)}"
-        raise UserError(f"{problem} (TensorFlow said: {detail}); {hint}") from error
+    from pyimagesearch.training.tpu_lookup import tpu_errors as around_tpu_set_up
 
-
-def _calls(error):
-    """The names of the functions `error` passed through, outermost first."""
-    names, trace = [], error.__traceback__
-    while trace is not None:
-        names.append(trace.tb_frame.f_code.co_name)
-        trace = trace.tb_next
-    return names
+    return around_tpu_set_up(tpu)
 
 
 def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
@@ -336,6 +174,9 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
     then inside the strategy; after `startup_timeout_s` seconds in either
     (None: for ever) it gives up with one line naming who is missing.
     """
+    from pyimagesearch.training.cluster import collective_communication, wait_for_peers
+    from pyimagesearch.training.workarounds import local_cpu_devices
+
     wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
     filter_collective_noise()  # a lost peer is one line, not TensorFlow's gRPC errors too
     if rehearse:
@@ -366,6 +207,9 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
 
 def _while_peers_start(build, cluster, timeout_s):
     """`build()`, which waits until every worker has started, for `timeout_s` at most."""
+    from pyimagesearch.training.cluster import gave_up_waiting, missing_peers
+    from pyimagesearch.training.workarounds import bound_cluster_start
+
     if timeout_s is not None:
         bound_cluster_start(timeout_s)
     late = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)

@@ -66,6 +66,19 @@ def output_files(name):
     return [f"{name}.json", f"{name}.keras", f"{name}.png"]
 
 
+@pytest.fixture(autouse=True)
+def config_as_written(monkeypatch):
+    """After each test, config.py's values as they were: a run's flags set them in place.
+
+    It asks for monkeypatch, so it ends first: a test's own patch of config
+    is undone after the run's values are put back (cli.put_config_back).
+    """
+    yield
+    from pyimagesearch import cli
+
+    cli.put_config_back()
+
+
 @pytest.fixture
 def repo():
     """The repository root, for running the scripts as a reader would."""

@@ -731,10 +731,10 @@ def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys,
 
 
 def test_a_shard_swapped_for_another_of_the_same_size_is_refused(tmp_path):
-    from pyimagesearch.datasets import sources, tfrecords
+    from pyimagesearch.datasets import sources, tfrecord_writer
 
     images, labels = sources.SampleSource().examples("test")
-    tfrecords.write_folder(str(tmp_path), {"train": (images[:40], labels[:40]),
+    tfrecord_writer.write_folder(str(tmp_path), {"train": (images[:40], labels[:40]),
                                            "test": (images[:40], labels[:40])}, "mnist",
                            origin="sample", origin_reason="a test", command=["test"], shards=4)
     first, second = sorted(tmp_path.glob("test-*"))[:2]

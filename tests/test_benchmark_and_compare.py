@@ -85,23 +85,23 @@ def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):
 def test_a_json_output_follows_a_link_and_refuses_a_pipe(tmp_path):
     # --json link.json writes the link's target and keeps the link; a pipe or a
     # device (--json /dev/full) is refused before the run, and left as it is
-    from pyimagesearch import cli
+    from pyimagesearch.base.files import check_output_file
     from pyimagesearch.base import publish
     from pyimagesearch.base.errors import UserError
 
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "records" / "result.json")  # dangling: no folder yet
-    cli.check_output_file(str(link))  # creates the target's folder
+    check_output_file(str(link))  # creates the target's folder
     publish.publish_json(str(link), {"new": 1})
     assert link.is_symlink() and json.loads(link.read_text()) == {"new": 1}
     assert os.listdir(tmp_path / "records") == ["result.json"]
     pipe = tmp_path / "pipe.json"
     os.mkfifo(pipe)
-    for write in (cli.check_output_file, lambda path: publish.publish_json(path, {})):
+    for write in (check_output_file, lambda path: publish.publish_json(path, {})):
         with pytest.raises(UserError, match="pipe.json: it is a named pipe, not a file; give"):
             write(str(pipe))
     with pytest.raises(UserError, match="it is a folder, not a file"):
-        cli.check_output_file(str(tmp_path))
+        check_output_file(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["link.json", "pipe.json", "records"]
 
 

@@ -708,8 +708,8 @@ def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
         assert first.startswith(f"`{home}` line"), first
     # the listings table points into the script too
     readme = _flat(README.read_text())
-    assert "`MSELoss(scale=1 if on_jax else numAcc)`, `train_tpu.py` line 86" in readme
-    assert "MSELoss(scale=1 if on_jax else numAcc)" in _script_lines("line 86")
+    assert "`MSELoss(scale=1 if on_jax else numAcc)`, `train_tpu.py` line 85" in readme
+    assert "MSELoss(scale=1 if on_jax else numAcc)" in _script_lines("line 85")
     assert "(`train_tpu.py` lines 107-133)" in readme
     assert ".predict(" in _script_lines("lines 107-133") and "imshow" in _script_lines(
         "lines 107-133")

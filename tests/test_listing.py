@@ -138,7 +138,7 @@ TOP_ABOVE_THE_SUBPACKAGES = ("pyimagesearch.data", "pyimagesearch.cli",
                              "pyimagesearch.strategies", "pyimagesearch.outputs")
 
 
-@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms"])
+@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms", "base"])
 def test_each_subpackage_says_what_it_holds(subpackage):
     # a regular package, whose docstring names every module in it
     init = PACKAGE / subpackage / "__init__.py"
@@ -149,16 +149,35 @@ def test_each_subpackage_says_what_it_holds(subpackage):
     assert missing == [], f"{subpackage}/__init__.py does not name {missing}"
 
 
-@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms"])
-def test_no_import_runs_back_up(subpackage):
+# the floors below the top: a subpackage imports its own floor's package and
+# those beneath it, never one beside it (datasets/ and training/) or above it
+FLOORS = {"base": 0, "platforms": 1, "datasets": 2, "training": 2}
+THE_MODEL = ("pyimagesearch.autoencoder", "pyimagesearch.loss")
+
+
+@pytest.mark.parametrize("subpackage", sorted(FLOORS))
+def test_no_import_runs_back_up_or_sideways(subpackage):
     for path in (PACKAGE / subpackage).glob("*.py"):
-        imported = _imports(path)
+        imported = {name for name in _imports(path) if name != "pyimagesearch"}
         upward = [name for name in imported if any(
             name == top or name.startswith(top + ".") for top in TOP_ABOVE_THE_SUBPACKAGES)]
         assert upward == [], f"{path.name} imports {upward}"
-        if subpackage == "training":
-            assert not any(name.startswith("pyimagesearch.datasets") for name in imported), \
-                path.name
+        for name in imported:
+            parts = name.split(".")
+            if len(parts) > 2 and parts[1] in FLOORS and parts[1] != subpackage:
+                assert FLOORS[parts[1]] < FLOORS[subpackage], f"{path.name} imports {name}"
+        if subpackage == "base":
+            assert all(name.startswith("pyimagesearch.base") for name in imported), \
+                (path.name, imported)
+
+
+def test_only_the_model_loader_imports_the_model():
+    # below the scripts, the model is built by the scripts (and loop.py's
+    # loss) only; outputs.load_model registers its classes
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem in ("outputs", "autoencoder", "loss", "loop"):
+            continue
+        assert not any(name.startswith(THE_MODEL) for name in _imports(path)), path
 
 
 def test_platforms_and_the_package_top_import_nothing_that_loads_tensorflow():

@@ -15,7 +15,9 @@ import tensorflow as tf
 
 import train_tpu
 from pyimagesearch import strategies as strategy
-from pyimagesearch.training import workarounds
+from pyimagesearch.training import tpu_lookup, workarounds
+from pyimagesearch.training import cluster as cluster_module
+from pyimagesearch.training.cluster import collective_communication
 from pyimagesearch.base.errors import UserError
 from pyimagesearch.base import terminal
 from pyimagesearch.base.terminal import native_stderr_quiet
@@ -169,7 +171,7 @@ def _fake_resolver(monkeypatch, init, devices=("CPU", "TPU_SYSTEM", "TPU")):
 
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver",
                         FakeResolver)
-    monkeypatch.setattr(strategy, "local_devices", lambda: [
+    monkeypatch.setattr(tpu_lookup, "local_devices", lambda: [
         tf.config.LogicalDevice(f"/device:{kind}:0", kind) for kind in devices])
 
 
@@ -193,7 +195,7 @@ def test_a_tpu_that_cannot_be_resolved_is_not_found(monkeypatch, no_tpu_env, tmp
 def test_a_tpu_lookup_that_hangs_is_given_up(monkeypatch, no_tpu_env, tmp_path):
     answer = threading.Event()  # never set until the test is over
     _fake_resolver(monkeypatch, lambda tpu: answer.wait())
-    monkeypatch.setattr(strategy, "TPU_LOOKUP_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(tpu_lookup, "TPU_LOOKUP_TIMEOUT_S", 0.01)
     try:
         with pytest.raises(UserError) as error:
             _tpu_set_up("my-tpu", tmp_path)
@@ -289,7 +291,7 @@ GRAPH_ERROR_WITH_STACK = (
     ("", "InternalError"),
 ])
 def test_the_cause_is_told_from_tensorflows_frame_around_it(text, cause):
-    assert strategy.tensorflow_cause(tf.errors.InternalError(None, None, text)) == cause
+    assert tpu_lookup.tensorflow_cause(tf.errors.InternalError(None, None, text)) == cause
 
 
 def test_a_tpu_that_fails_inside_its_graph_gives_the_cause_in_one_line(
@@ -336,9 +338,9 @@ def test_no_device_check_for_a_tpu_at_an_address(monkeypatch):
         def master(self):
             return "grpc://10.0.0.2:8470"
 
-    monkeypatch.setattr(strategy, "answers", lambda address, timeout_s: True)
-    monkeypatch.setattr(strategy, "local_devices", lambda: pytest.fail("devices listed"))
-    assert isinstance(strategy._find_tpu(Remote, "grpc://10.0.0.2:8470"), Remote)
+    monkeypatch.setattr(tpu_lookup, "answers", lambda address, timeout_s: True)
+    monkeypatch.setattr(tpu_lookup, "local_devices", lambda: pytest.fail("devices listed"))
+    assert isinstance(tpu_lookup._find_tpu(Remote, "grpc://10.0.0.2:8470"), Remote)
 
 
 def _machine(root, device_file):
@@ -356,9 +358,9 @@ def test_a_tpu_vm_is_local_whatever_chip_device_it_shows(monkeypatch, no_tpu_env
 
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, device_file)))
     asked = []
-    assert strategy._tpu_resolver(_colab_resolver(asked), None) == "local"
+    assert tpu_lookup._tpu_resolver(_colab_resolver(asked), None) == "local"
     assert asked == ["local"]
-    assert strategy._tpu_resolver(_colab_resolver(asked), "my-tpu") == "my-tpu"  # --tpu wins
+    assert tpu_lookup._tpu_resolver(_colab_resolver(asked), "my-tpu") == "my-tpu"  # --tpu wins
 
 
 def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_path):
@@ -367,7 +369,7 @@ def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_pat
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, "dev/vfio/vfio")))  # no chip
     asked = []
     with pytest.raises(ValueError, match="Please provide a TPU Name"):
-        strategy._tpu_resolver(_colab_resolver(asked), None)
+        tpu_lookup._tpu_resolver(_colab_resolver(asked), None)
     assert asked == [None]
 
 
@@ -409,8 +411,8 @@ def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path, 
         closed = probe.getsockname()[1]
     address = f"grpc://127.0.0.1:{closed}"
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
-    monkeypatch.setattr(strategy, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
-    monkeypatch.setattr(strategy, "detect", lambda: host.Host("local", 0, chips, "v4"))
+    monkeypatch.setattr(tpu_lookup, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
+    monkeypatch.setattr(tpu_lookup, "detect", lambda: host.Host("local", 0, chips, "v4"))
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", None)  # never reached
     with pytest.raises(UserError, match=f"^nothing answers at {address}, {re.escape(said)}"):
         _tpu_set_up(address, tmp_path)
@@ -464,7 +466,7 @@ def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
             task_type="worker", task_id=0)
 
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Cluster)
-    monkeypatch.setattr(preemption, "preemption_handler_acts", lambda: False)
+    monkeypatch.setattr(workarounds, "preemption_handler_acts", lambda: False)
     assert preemption.cluster_handler(Cluster(), str(tmp_path), None, None) is None
     assert "does nothing on Google Cloud CPU VMs" in capsys.readouterr().out
 
@@ -510,13 +512,13 @@ def test_several_gpu_machines_all_reduce_with_nccl(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices",
                         lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
-    monkeypatch.setattr(strategy, "wait_for_peers", lambda cluster, timeout_s: None)
+    monkeypatch.setattr(cluster_module, "wait_for_peers", lambda cluster, timeout_s: None)
     cluster = type("Cluster", (), {"workers": 2, "task_type": "worker", "task_index": 0})()
     strategy.multi_worker(cluster)
     nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
     assert made["options"].implementation == nccl
     # a rehearsal on CPUs keeps TensorFlow's default
-    assert strategy.collective_communication(rehearse=1).name == "AUTO"
+    assert collective_communication(rehearse=1).name == "AUTO"
 
 
 class _Built(Exception):

@@ -16,6 +16,7 @@ import train_cpu
 import write_tfrecords
 from pyimagesearch import config, data
 from pyimagesearch.datasets import sources, tfrecords
+from pyimagesearch.datasets import tfrecord_writer
 from pyimagesearch.datasets.pipeline import Reading
 from pyimagesearch.base.errors import UserError
 
@@ -38,7 +39,7 @@ def small():
 
 def write(folder, splits, shards=4, compression="none", origin="sample", overwrite=False):
     """Write `splits` as a TFRecord folder the way write_tfrecords.py does."""
-    return tfrecords.write_folder(str(folder), splits, config.DATA_NAME, origin=origin,
+    return tfrecord_writer.write_folder(str(folder), splits, config.DATA_NAME, origin=origin,
                                   origin_reason="a test", command=["test"], shards=shards,
                                   compression=compression, overwrite=overwrite)
 
@@ -206,10 +207,10 @@ import os, signal, sys
 import tensorflow as tf
 args, sys.argv = sys.argv[1:], ["write_tfrecords.py"]
 from pyimagesearch import cli
-from pyimagesearch.datasets import tfrecords
+from pyimagesearch.datasets import tfrecord_writer
 import write_tfrecords
 how = os.environ["HOW"]
-real_shard, real_rename, calls = tfrecords._write_shard, tf.io.gfile.rename, []
+real_shard, real_rename, calls = tfrecord_writer._write_shard, tf.io.gfile.rename, []
 def shard(*args):
     calls.append("shard")
     if how == "shard" and calls.count("shard") == 2:
@@ -220,7 +221,7 @@ def rename(*args, **kwargs):
     if calls.count("rename") == 3:
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
     return real_rename(*args, **kwargs)
-tfrecords._write_shard = shard
+tfrecord_writer._write_shard = shard
 if how != "shard":
     tf.io.gfile.rename = rename
 cli.run_main(write_tfrecords.main, args)
@@ -313,8 +314,8 @@ def test_a_corrupt_shard_of_the_right_size(folder):
 def test_a_record_with_the_wrong_shape(folder, small):
     images, labels = small[TRAIN]
     shard = first_shard(folder)
-    records = [tfrecords.serialize(image, label) for image, label in zip(images[:75], labels)]
-    records[3] = tfrecords.serialize(np.zeros((27, 28, 1), np.uint8), 0)
+    records = [tfrecord_writer.serialize(image, label) for image, label in zip(images[:75], labels)]
+    records[3] = tfrecord_writer.serialize(np.zeros((27, 28, 1), np.uint8), 0)
     with tf.io.TFRecordWriter(str(shard)) as writer:
         for record in records:
             writer.write(record)

@@ -333,3 +333,44 @@ def test_a_jax_backend_in_the_environment_is_set_aside_in_one_line(repo, tmp_pat
                                              "runs Keras on TensorFlow")
     assert "Traceback" not in result.stderr
     assert (tmp_path / f"{CPU}.keras").is_file()
+
+
+# What a plain run loads of the package, each for what it does there; the
+# cluster, JobSet, TFRecord, backup, custom-loop, TPU, JAX and notebook
+# modules load only when a flag or the environment asks for them.
+PLAIN_RUN_MODULES = {
+    "pyimagesearch", "pyimagesearch.config", "pyimagesearch.data",  # the article's
+    "pyimagesearch.autoencoder", "pyimagesearch.loss",
+    "pyimagesearch.cli", "pyimagesearch.strategies", "pyimagesearch.outputs",  # the scripts'
+    "pyimagesearch.platforms", "pyimagesearch.platforms.backend",  # the first call
+    "pyimagesearch.platforms.startup", "pyimagesearch.platforms.host",  # and the record
+    "pyimagesearch.base", "pyimagesearch.base.errors", "pyimagesearch.base.files",
+    "pyimagesearch.base.publish", "pyimagesearch.base.signals",  # outputs all or none
+    "pyimagesearch.base.terminal", "pyimagesearch.base.network",  # quiet start, --data-source auto
+    "pyimagesearch.datasets", "pyimagesearch.datasets.sources",
+    "pyimagesearch.datasets.pipeline", "pyimagesearch.datasets.passes",
+    "pyimagesearch.training", "pyimagesearch.training.flags", "pyimagesearch.training.exits",
+    "pyimagesearch.training.settings", "pyimagesearch.training.plan",
+    "pyimagesearch.training.callbacks",  # the epoch timer
+    "pyimagesearch.training.precision",  # float32, set again for each run
+    "pyimagesearch.training.preemption",  # SIGTERM: one line, 143
+    "pyimagesearch.training.workarounds",  # cpu_only's plain device buffers
+}
+LOADED = r"""
+import json, sys
+sys.argv = ["train_cpu.py"]
+import train_cpu
+train_cpu.main(sys.argv[1:] + %r)
+print(json.dumps(sorted(name for name in sys.modules if name.startswith("pyimagesearch"))))
+"""
+
+
+def test_a_plain_run_loads_only_what_it_uses(repo, tmp_path):
+    flags = ["--epochs", "1", "--steps-per-epoch", "2", "--data-source", "sample",
+             "--output-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", LOADED % flags], cwd=repo,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert loaded == PLAIN_RUN_MODULES, (sorted(loaded - PLAIN_RUN_MODULES),
+                                         sorted(PLAIN_RUN_MODULES - loaded))

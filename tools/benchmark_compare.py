@@ -33,6 +33,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
+from pyimagesearch.base.files import check_output_file  # noqa: E402
 from pyimagesearch.base.errors import UserError  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
-        cli.check_output_file(args.json)
+        check_output_file(args.json)
     with tempfile.TemporaryDirectory(prefix="compare-runs-") as folder:
         stems = make_runs(args.source, folder, args.runs)
         seconds, status, out, err = time_compare(args.compare, folder)

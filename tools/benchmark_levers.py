@@ -29,6 +29,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_file  # noqa: E402
 
 SETUPS = {"float32": ("float32", False), "mixed_bfloat16": ("mixed_bfloat16", False),
           "mixed_float16": ("mixed_float16", False), "xla": ("float32", True)}
@@ -58,7 +59,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
-        cli.check_output_file(args.json)
+        check_output_file(args.json)
     setups = args.setups or DEFAULT_SETUPS[args.device]
     steps = args.steps or config.TRAIN_IMAGES // args.batch_size
 

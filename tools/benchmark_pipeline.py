@@ -59,6 +59,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_dir, check_output_file  # noqa: E402
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
@@ -233,7 +234,7 @@ def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch.datasets import sources, tfrecords
+    from pyimagesearch.datasets import sources, tfrecord_writer
     from pyimagesearch.base.errors import UserError
     from pyimagesearch.outputs import machine_info
 
@@ -242,7 +243,7 @@ def input_only(args, source, command):
         scratch = tempfile.mkdtemp(prefix="pyimagesearch-tfrecords-")
         folder = os.path.join(scratch, "mnist")
         print(f"[INFO] writing TFRecords of {source.label} into {folder}")
-        tfrecords.write_folder(
+        tfrecord_writer.write_folder(
             folder, {split: source.examples(split)
                      for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG)},
             config.DATA_NAME, origin=source.label, origin_reason=source.reason,
@@ -341,9 +342,9 @@ def main(argv=None):
     if args.trials is None:
         args.trials = 3 if args.input_only else 2
     if args.json:
-        cli.check_output_file(args.json)
+        check_output_file(args.json)
     if args.profile_dir:
-        cli.check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
+        check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
     from pyimagesearch import strategies
     from pyimagesearch.datasets import sources

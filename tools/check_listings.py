@@ -30,6 +30,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli
+from pyimagesearch.base.files import check_output_file
 from pyimagesearch.base.terminal import TF_LOG_LINE
 
 MATMUL = '''
@@ -295,7 +296,7 @@ def main(argv=None):
                         help="a folder holding the tf_keras package, if it is not installed "
                              "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
-    cli.check_output_file(args.json)  # before the listings run, not after
+    check_output_file(args.json)  # before the listings run, not after
     import keras
     import tensorflow as tf
 

@@ -49,6 +49,7 @@ if __name__ == "__main__" and tpu_runtime.flag_value(sys.argv[1:], "--device") =
     tpu_runtime.prepare(sys.argv[1:])  # a TPU v5e or v6e: before TensorFlow is imported
 
 from pyimagesearch import cli  # noqa: E402
+from pyimagesearch.base.files import check_output_file  # noqa: E402
 from pyimagesearch.base.errors import UserError  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
@@ -405,7 +406,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
-        cli.check_output_file(args.json)  # before the run, not after it
+        check_output_file(args.json)  # before the run, not after it
     result = run_benchmark(args.device, args.dtype, args.repeats, args.warmup,
                            args.rehearse, args.tpu)
     print(report(result))

@@ -34,6 +34,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_dir  # noqa: E402
 from pyimagesearch.datasets.sources import STAND_IN_MARKER  # noqa: E402
 from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
 from pyimagesearch.base.terminal import native_stderr_quiet  # noqa: E402
@@ -242,7 +243,7 @@ def prepare(data_dir, idx_folder=None):
         # every file is checked before anything is written to the data dir
         files, counts = (stand_in_files() if idx_folder is None
                           else read_idx_folder(idx_folder))
-        cli.check_output_dir(data_dir)
+        check_output_dir(data_dir)
         created = not tf.io.gfile.exists(dataset_dir)
         # the stand-in's marker goes in before its images, a real MNIST's comes
         # out before: stopped at any moment, a stand-in never passes for MNIST

@@ -26,6 +26,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_file  # noqa: E402
 from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
 
 NEEDED = ("name", "data_source", "global_batch_size", "steps_per_epoch", "learning_rate",
@@ -103,7 +104,7 @@ def main(argv=None):
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     stem = os.path.splitext(args.record)[0]
     out = args.out or f"{stem}.png"
-    cli.check_output_file(out)  # before the work, not after it
+    check_output_file(out)  # before the work, not after it
     record = read_record(args.record)
     from pyimagesearch import strategies
 

@@ -39,6 +39,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
+from pyimagesearch.base.files import check_output_file  # noqa: E402
 
 ARTICLE_CPU_EPOCH_S = 57  # the article's train_cpu.py log on Colab's CPU: epochs 2-5
 BUDGET_S = 300            # issue 32: the first Run all within 5 minutes on Colab's free CPU
@@ -134,7 +135,7 @@ def main(argv=None):
     parser.add_argument("--cpu", type=int, default=0,
                         help="the one CPU to pin everything to (default %(default)s)")
     args = parser.parse_args(argv)
-    cli.check_output_file(args.json)
+    check_output_file(args.json)
     if args.cpu not in os.sched_getaffinity(0):
         parser.error(f"--cpu {args.cpu} is not one this process may use "
                      f"({sorted(os.sched_getaffinity(0))})")

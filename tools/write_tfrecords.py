@@ -32,6 +32,7 @@ from pyimagesearch.platforms import backend  # noqa: E402
 backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli, config  # noqa: E402
+from pyimagesearch.base.files import check_output_dir  # noqa: E402
 
 SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 
@@ -39,6 +40,7 @@ SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     from pyimagesearch.datasets import tfrecords
+    from pyimagesearch.datasets import tfrecord_writer
 
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,15 +68,15 @@ def main(argv=None):
     from pyimagesearch.datasets import sources
 
     # every check before the decoding, and nothing created before the checks
-    tfrecords.check_destination(args.output_dir, args.overwrite)
+    tfrecord_writer.check_destination(args.output_dir, args.overwrite)
     data_dir = sources.resolve_data_dir(args.data_dir) if args.data_source == "tfds" else None
     source = sources.resolve_source(args.data_source, config.DATA_NAME, data_dir)
-    cli.check_output_dir(args.output_dir)
+    check_output_dir(args.output_dir)
     print(f"[INFO] reading {source.label} ({source.reason})")
     started = time.perf_counter()
     splits = {split: source.examples(split)
               for split in SPLITS}
-    metadata = tfrecords.write_folder(
+    metadata = tfrecord_writer.write_folder(
         args.output_dir, splits, config.DATA_NAME, origin=source.label,
         origin_reason=source.reason, command=["tools/write_tfrecords.py", *argv],
         shards=args.shards, compression=args.compression, overwrite=args.overwrite)

@@ -1,6 +1,8 @@
 """Paths and small files that may live in a bucket (gs://...), through tf.io.gfile.
 
-A leaf module: importing it pulls in nothing of Matplotlib or Keras.
+Also `check_output_dir` and `check_output_file`: a folder or file proven
+writable before any work, for the scripts and every tool. Importing it pulls
+in nothing of Matplotlib or Keras.
 """
 import errno
 import glob
@@ -13,6 +15,7 @@ import tempfile
 import tensorflow as tf
 
 from pyimagesearch.base.errors import UserError, first_line
+from pyimagesearch.base.terminal import native_stderr_quiet
 
 
 def join(folder, name):
@@ -148,3 +151,39 @@ def running(pid):
     except PermissionError:
         return True
     return True
+
+
+def check_output_file(path):
+    """Prove that `path` can be written (its folder is created if needed).
+
+    A symbolic link is followed, as publish_json follows it; a folder, a pipe
+    or a device (`/dev/full`) is refused.
+    """
+    path = file_to_write(path)  # a dangling link: where its target would be
+    check_output_dir(os.path.dirname(path) or ".")
+
+
+def check_output_dir(path, kind="output folder"):
+    """Create `path` if needed and prove it is writable, before any training.
+
+    Through tf.io.gfile, so a bucket (gs://...) is checked as what it is and
+    never becomes a local folder called "gs:".
+    """
+    if os.path.islink(path) and not os.path.lexists(os.path.realpath(path)):
+        raise UserError(f"cannot write to {kind} {path}: it is a symbolic link to "
+                        f"{os.readlink(path)}, which does not exist; create that folder or "
+                        "give another")
+    expected = (OSError, tf.errors.OpError)
+    try:
+        # a bucket that cannot be reached also logs failed credential look-ups
+        with native_stderr_quiet(expected):
+            tf.io.gfile.makedirs(path)
+            probe = join(path, f".write-test-{os.getpid()}")
+            with tf.io.gfile.GFile(probe, "w") as handle:
+                handle.write("")
+            tf.io.gfile.remove(probe)
+    except expected as error:
+        hint = ("; is the bucket reachable, and are Google Cloud credentials set?"
+                if "://" in path else "")
+        raise UserError(f"cannot write to {kind} {path}: "
+                        f"{first_line(error)}{hint}") from error

@@ -11,7 +11,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from pyimagesearch.datasets import passes, tfrecords
+from pyimagesearch.datasets import passes
 
 PREFETCH_BATCHES = 2  # batches prepared while the model trains on the current one
 
@@ -98,21 +98,21 @@ def make_pipeline(images, reading, input_context=None):
     return _finish(dataset, input_context)
 
 
-def _finish(dataset, input_context=None, local_batches=False, decode=None):
+def _finish(dataset, input_context=None, local_batches=False, decode=None, decode_calls=None):
     """The common end of a pipeline of uint8 batches: slice, float pairs, prefetch.
 
     `decode` turns a batch of stored records into uint8 images first, on
-    several batches at once (TFRecords); it runs in the same step as the
+    `decode_calls` batches at once (TFRecords); it runs in the same step as the
     float conversion where no slicing comes between them.
     """
     if input_context is not None:
         if decode is not None:
-            dataset = dataset.map(decode, num_parallel_calls=tfrecords.PARSE_CALLS)
+            dataset = dataset.map(decode, num_parallel_calls=decode_calls)
         dataset = _replica_slices(dataset, input_context, local_batches)
         dataset = dataset.map(_to_pair)
     elif decode is not None:
         dataset = dataset.map(lambda records: _to_pair(decode(records)),
-                              num_parallel_calls=tfrecords.PARSE_CALLS)
+                              num_parallel_calls=decode_calls)
     else:
         dataset = dataset.map(_to_pair)
     # two batches ready ahead of the model are plenty for in-memory data;
@@ -135,6 +135,8 @@ def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
     files than pipelines): each reads only its share and batches its part of
     the global batch (batch / pipelines), cut into its local replicas' slices.
     """
+    from pyimagesearch.datasets import tfrecords  # loaded for --data-source tfrecord only
+
     shard = None
     if input_context is not None and reading.shuffle_size:
         pipelines = input_context.num_input_pipelines
@@ -158,7 +160,8 @@ def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
     if count is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
     dataset = _finish(dataset, input_context, local_batches=shard is not None,
-                      decode=tfrecords.image_decoder(metadata["image_shape"]))
+                      decode=tfrecords.image_decoder(metadata["image_shape"]),
+                      decode_calls=tfrecords.PARSE_CALLS)
     if input_context is None:
         # a strategy over several hosts (a TPU slice) splits it between them
         return dataset

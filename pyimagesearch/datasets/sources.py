@@ -32,7 +32,6 @@ import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.config import IMAGE_SHAPE
-from pyimagesearch.datasets import tfrecords
 from pyimagesearch.datasets.pipeline import make_pipeline, tfrecord_pipeline
 from pyimagesearch.base.errors import UserError, first_line
 from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
@@ -124,7 +123,7 @@ class TfrecordSource(Source):
     name = "tfrecord"
 
     def __init__(self, folder, metadata):
-        super().__init__(tfrecords.describe(folder, metadata))
+        super().__init__(_tfrecords().describe(folder, metadata))
         self.folder, self.metadata = folder, metadata
         self.data_name = metadata["dataset"]
         self.origin = metadata["source"]  # written from "tfds", "stand-in" or "sample"
@@ -134,11 +133,11 @@ class TfrecordSource(Source):
         return "tfrecord" if self.origin == "tfds" else f"tfrecord ({self.origin})"
 
     def size(self, split):
-        return sum(tfrecords.split_files(self.folder, self.metadata, split)[1])
+        return sum(_tfrecords().split_files(self.folder, self.metadata, split)[1])
 
     def _read(self, split):
         # only the validation split's figure digits are read this way in training
-        return tfrecords.read_split(self.folder, split, self.metadata)
+        return _tfrecords().read_split(self.folder, split, self.metadata)
 
     def dataset(self, split, reading, input_context=None):
         return tfrecord_pipeline(self.folder, self.metadata, split, reading, input_context)
@@ -238,11 +237,19 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, net
                         f"{silence}: using the 5,000-digit sample")
 
 
+def _tfrecords():
+    """The TFRecord format's module, loaded for --data-source tfrecord only."""
+    from pyimagesearch.datasets import tfrecords
+
+    return tfrecords
+
+
 def _tfrecord_source(data_name, folder):
     """The TFRecord folder `folder` as a Source, after reading every shard once."""
     if folder is None:
         raise UserError("--data-source tfrecord needs --data-dir: the folder "
                         "tools/write_tfrecords.py wrote (local or gs://...)")
+    tfrecords = _tfrecords()
     metadata = tfrecords.verify(folder)
     where = f"{folder.rstrip('/')}/{tfrecords.METADATA_NAME}"
     if metadata.get("dataset") != data_name:

@@ -8,6 +8,7 @@
 - `backup`, `preemption`: --backup-dir, an exact resume, and SIGTERM;
 - `loop`: the custom training loop (`--loop custom`);
 - `precision`: mixed precision and XLA;
+- `tpu_lookup`: the article's TPU found, bounded in time, its failures in one line;
 - `data_parallel`: Keras on JAX, `keras.distribution.DataParallel` for train_tpu.py;
 - `cluster`: TF_CONFIG, the peers, what every worker must agree on;
 - `workarounds`: TensorFlow's private hooks, each naming what it works around.

@@ -28,7 +28,6 @@ import numpy as np
 import tensorflow as tf
 
 from pyimagesearch.training import preemption
-from pyimagesearch.training.backup import Backup
 from pyimagesearch.base.errors import UserError
 from pyimagesearch.base.files import join
 
@@ -142,7 +141,7 @@ class RunCallbacks:
 
     callbacks: list
     timer: EpochTimer
-    backup: Backup | None  # None without --backup-dir
+    backup: object  # a backup.Backup with --backup-dir (loaded only then), else None
     steps_per_epoch: int
     start: int = 0         # global steps trained before this run (a resumed backup's)
     started: datetime.datetime = dataclasses.field(  # for the run record
@@ -228,7 +227,11 @@ def make_callbacks(plan, digits):
     timer = EpochTimer()
     # a loss that is not a number stops training; the run record then refuses it
     callbacks = [timer, keras.callbacks.TerminateOnNaN()]
-    backup = Backup(plan) if settings.backup_dir else None
+    backup = None
+    if settings.backup_dir:
+        from pyimagesearch.training.backup import Backup
+
+        backup = Backup(plan)
     if backup:
         callbacks.append(backup)
     if plan.is_chief and (settings.logdir or settings.profile_steps):

@@ -229,10 +229,8 @@ def run_main(main, argv=None):
 
 def _run(main, argv):
     """main(argv), with the errors that stop a run made UserErrors or raised again."""
-    from pyimagesearch.training import preemption
-    from pyimagesearch.training.cluster import peer_lost
-
     from pyimagesearch.base.publish import published
+    from pyimagesearch.training import preemption
 
     _process["dropped"] = None
     published.clear()  # this run's, not an earlier one's in this interpreter
@@ -245,7 +243,7 @@ def _run(main, argv):
             # the handler's exception, wrapped by whatever caught it (tf.function's
             # input binding makes it a TypeError)
             raise Preempted(preemption.STOPPED) from error
-        stopped = peer_lost(_process["cluster"], error) or _write_refused(error)
+        stopped = _peer_lost(_process["cluster"], error) or _write_refused(error)
         if stopped is None:
             raise
         raise stopped from error
@@ -253,6 +251,15 @@ def _run(main, argv):
         raise KeyboardInterrupt  # a Ctrl-C whose exception Python dropped
     if preemption.terminated():  # a SIGTERM whose exception Python dropped
         raise Preempted(preemption.STOPPED)
+
+
+def _peer_lost(cluster, error):
+    """cluster.peer_lost's line for a run of a cluster; None for a run alone (no module loaded)."""
+    if cluster is None:
+        return None
+    from pyimagesearch.training.cluster import peer_lost
+
+    return peer_lost(cluster, error)
 
 
 def _kept_for_later(default_hook):

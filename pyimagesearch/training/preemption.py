@@ -20,7 +20,6 @@ import threading
 import tensorflow as tf
 
 from pyimagesearch.base.errors import Preempted
-from pyimagesearch.training.workarounds import preemption_handler_acts
 
 _requested = threading.Event()
 _terminated = threading.Event()  # SIGTERM arrived with no backup to save: the run stops
@@ -114,7 +113,11 @@ def cluster_handler(strategy, folder, save, stop, acts=None):
     if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
             or resolver is None or not resolver.cluster_spec().jobs):
         return None
-    if not (preemption_handler_acts() if acts is None else acts):
+    if acts is None:
+        from pyimagesearch.training.workarounds import preemption_handler_acts
+
+        acts = preemption_handler_acts()
+    if not acts:
         print("[INFO] TensorFlow's preemption handler does nothing on Google Cloud CPU VMs: "
               "a worker that gets SIGTERM saves and stops alone, and the restarted cluster "
               "resumes from the chief's last backup", flush=True)

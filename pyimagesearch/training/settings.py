@@ -3,7 +3,9 @@
 `run_name` names a run's figure, record, model, logs and backups from its
 device and the flags that set it apart from the script's defaults
 (`flags_apart`), so that a rerun replaces its own outputs and no other
-run's. Nothing here imports TensorFlow.
+run's. `set_config` sets config.py's names to a run's values in place,
+keeping what they were for `written` and `put_config_back`. Nothing here
+imports TensorFlow.
 """
 import dataclasses
 import os
@@ -50,9 +52,32 @@ NAMED_FLAGS = ("epochs", "batch_size", "steps_per_epoch", "data_source", "seed",
                "learning_rate", "lr_scaling", "loop", "precision", "jit_compile")
 
 
+_written = {}  # config.py's values that a run's flags replaced (set_config)
+
+
+def set_config(values):
+    """Set config's names to `values` ({name: value}) for a run, keeping what they were."""
+    put_config_back()
+    _written.update((name, getattr(config, name)) for name in values)
+    for name, value in values.items():
+        setattr(config, name, value)
+
+
+def put_config_back():
+    """config.py's values as they were before a run's flags set them (`set_config`)."""
+    for name, value in _written.items():
+        setattr(config, name, value)
+    _written.clear()
+
+
+def written(name):
+    """config.NAME as config.py (or a reader's edit of it) has it, not as a run's flags set it."""
+    return _written.get(name, getattr(config, name))
+
+
 def default_settings(device):
     """train_<device>.py's defaults: the TPU's batch is the article's global 1024."""
-    return Settings(batch_size=config.TPU_BATCH_SIZE) if device == "tpu" else Settings()
+    return Settings(batch_size=written("TPU_BATCH_SIZE")) if device == "tpu" else Settings()
 
 
 def flags_apart(device, settings):
