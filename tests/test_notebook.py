@@ -234,14 +234,23 @@ def test_the_notebook_as_committed_runs_on_a_cpu(tmp_path, kernel_env):
 
 def test_its_cells_can_run_again_and_the_kernel_never_loads_tensorflow(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
+    (copy / "burst.py").write_text("for i in range(40):\n    print(f'line {i}')\n")
     notebook = with_settings(read(), "import sys")
     # what a reader does who runs the first cells, then runs them again
     cells = ["settings", "injected", "get-the-code", "runtime"] * 2 + [
         "project-structure", "distribute", "data", "losses", "model"]
+    notebook.cells.append(nbformat.v4.new_code_cell("notebook.run_script(['burst.py'])",
+                                                    id="burst"))
     notebook.cells.append(nbformat.v4.new_code_cell("print('tensorflow' in sys.modules)",
                                                     id="tensorflow-loaded"))
-    execute(notebook, copy, kernel_env, cells + ["tensorflow-loaded"])
+    execute(notebook, copy, kernel_env, cells + ["burst", "tensorflow-loaded"])
     assert [output for output in outputs(notebook) if output.output_type == "error"] == []
+    # a script's lines as a terminal shows them: the lines printed together come in one
+    # output, not one output each, which viewers drew with a blank line after every line
+    burst = [output for output in notebook.cells[-2].outputs if output.output_type == "stream"]
+    assert "".join(output.text for output in burst) == "[INFO] $ python burst.py\n" + "".join(
+        f"line {i}\n" for i in range(40))
+    assert len(burst) < 10, len(burst)
     # the kernel may send one print in more than one stream message
     assert "".join(output.text for output in notebook.cells[-1].outputs
                    if output.output_type == "stream") == "False\n"

@@ -193,8 +193,12 @@ def script_environment(script=None):
 def run_script(argv, repo=".", show=None):
     """`python ARGV` in `repo`, its output shown as it comes; NotebookStop with its last line.
 
-    `show`, a test on a line of stdout, leaves out the lines it refuses.
-    stderr is shown a line late, so that the line a script ends with on a failure
+    Its lines are written without a flush each: the kernel then sends the
+    lines that come together as one message, as a terminal shows them. A
+    flush a line made every line an output of its own, which a viewer that
+    draws each output as a block showed followed by a blank line. `show`, a
+    test on a line of stdout, leaves out the lines it refuses. stderr is
+    shown a line late, so that the line a script ends with on a failure
     becomes the stop's one line instead of being shown twice.
     Interrupting the kernel (the stop button) interrupts the script, which
     then says what it left on disk.
@@ -208,7 +212,7 @@ def run_script(argv, repo=".", show=None):
     def relay_stderr():
         for line in process.stderr:
             if held:
-                print(held.pop(), end="", file=sys.stderr, flush=True)
+                print(held.pop(), end="", file=sys.stderr)
             held.append(line)
 
     relay = threading.Thread(target=relay_stderr, daemon=True)
@@ -216,7 +220,7 @@ def run_script(argv, repo=".", show=None):
     try:
         for line in process.stdout:
             if show is None or show(line):
-                print(line, end="", flush=True)
+                print(line, end="")
         status = process.wait()
     except KeyboardInterrupt:
         process.send_signal(signal.SIGINT)
