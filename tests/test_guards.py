@@ -122,7 +122,8 @@ def test_an_abbreviated_flag_is_refused_in_one_line(monkeypatch, capsys, call, a
 IMPORT_CHANGES = r"""
 import json, os, sys
 before = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
-import pyimagesearch, pyimagesearch.platforms.notebook  # noqa
+import pyimagesearch, pyimagesearch.platforms.notebook, pyimagesearch.platforms.install  # noqa
+import pyimagesearch.platforms.listings, pyimagesearch.platforms.records  # noqa
 import pyimagesearch.platforms.backend, pyimagesearch.platforms.startup  # noqa
 after = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
 print(json.dumps({"same": before == after, "tensorflow": "tensorflow" in sys.modules}))

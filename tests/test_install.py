@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from pyimagesearch.platforms import notebook
+from pyimagesearch.platforms import install, notebook
 from pyimagesearch.platforms.host import Host
 from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT
 
@@ -83,7 +83,7 @@ def _pip(commands, repo):
             for command in commands]
 
 
-@pytest.mark.parametrize("host, installed, uninstalled, install", [
+@pytest.mark.parametrize("host, installed, uninstalled, installs", [
     (COLAB_CPU, IMAGE, None, UPGRADES),
     (COLAB_GPU, IMAGE, None, CUDA_UPGRADES),
     (COLAB_TPU, COLAB_TPU_PUBLISHED, None, JAX_TPU_INSTALL),  # the JAX route: only what lacks
@@ -108,10 +108,10 @@ def _pip(commands, repo):
         "cloud-tpu-vm", "plain", "tpu-with-tensorflow-and-tensorflow-cpu",
         "tpu-with-tensorflow-beside-tensorflow-tpu", "gpu-with-tensorflow-cpu"])
 def test_what_each_runtime_uninstalls_keeps_and_installs(repo, host, installed, uninstalled,
-                                                         install):
-    commands = _pip(notebook.install_commands(host, repo, _versions(installed)), repo)
+                                                         installs):
+    commands = _pip(install.install_commands(host, repo, _versions(installed)), repo)
     expected = ([["uninstall", "-y", *uninstalled]] if uninstalled else []) + [
-        ["install", *install]]
+        ["install", *installs]]
     assert commands == expected  # uninstalled first, then installed; nothing else removed
     kept = set(installed) - set(uninstalled or ())
     assert NEVER_UNINSTALLED & set(installed) <= kept
@@ -126,13 +126,13 @@ def test_what_each_runtime_uninstalls_keeps_and_installs(repo, host, installed, 
 ])
 def test_a_runtime_with_everything_installs_nothing(repo, host, installed):
     installed = {name: version for name, version in installed.items() if version}
-    assert notebook.install_commands(host, repo, _versions(installed)) == []
+    assert install.install_commands(host, repo, _versions(installed)) == []
 
 
 def test_only_what_is_missing_is_installed(repo):
     some = dict(EVERYTHING, keras="2.15.0")
     del some["mlxtend"]
-    commands = _pip(notebook.install_commands(COLAB_GPU, repo, _versions(some)), repo)
+    commands = _pip(install.install_commands(COLAB_GPU, repo, _versions(some)), repo)
     assert commands == [["install", "keras>=3.10", "mlxtend>=0.23"]]
 
 
@@ -143,7 +143,7 @@ def _requires(*lines):
 
 
 def test_jax_that_needs_a_newer_libtpu_is_said_to_stop_working(repo):
-    note = notebook.jax_note(COLAB_TPU, repo, _versions(TF_TPU_IMAGE), _requires(
+    note = install.jax_note(COLAB_TPU, repo, _versions(TF_TPU_IMAGE), _requires(
         "jaxlib<=0.7.1,>=0.7.1", 'libtpu==0.0.21.*; extra == "tpu"', 'requests; extra == "tpu"'))
     assert note == ("[INFO] JAX will not work on the TPU in this session: this image's JAX 0.7.1 "
                     "needs libtpu==0.0.21.*, and requirements-tpu.txt puts libtpu 0.0.10 in its "
@@ -151,7 +151,7 @@ def test_jax_that_needs_a_newer_libtpu_is_said_to_stop_working(repo):
 
 
 def test_on_the_jax_route_no_libtpu_is_touched_and_no_line_said(repo):
-    note = notebook.jax_note(COLAB_TPU, repo, _versions(COLAB_TPU_PUBLISHED),
+    note = install.jax_note(COLAB_TPU, repo, _versions(COLAB_TPU_PUBLISHED),
                              _requires('libtpu==0.0.23; extra == "tpu"'))
     assert note == ""
 
@@ -159,7 +159,7 @@ def test_on_the_jax_route_no_libtpu_is_touched_and_no_line_said(repo):
 @pytest.mark.parametrize("requires", [(), ("jaxlib",), ('libtpu==0.0.17.*; extra == "cuda"',)])
 def test_without_jaxs_own_word_jax_may_not_work(repo, requires):
     image = dict(KAGGLE_TPU_IMAGE, **{"tensorflow-tpu": "2.19.1"})
-    note = notebook.jax_note(KAGGLE_TPU, repo, _versions(image), _requires(*requires))
+    note = install.jax_note(KAGGLE_TPU, repo, _versions(image), _requires(*requires))
     assert note.startswith("[INFO] JAX may not work on the TPU in this session: this image's "
                            "JAX 0.6.2 came with libtpu 0.0.17, and requirements-tpu.txt puts "
                            "libtpu 0.0.10 in its place")
@@ -174,7 +174,7 @@ def test_without_jaxs_own_word_jax_may_not_work(repo, requires):
 def test_no_jax_line_where_jax_keeps_its_libtpu_or_is_not_there(repo, host, installed,
                                                                  requires):
     installed = {name: version for name, version in installed.items() if version}
-    assert notebook.jax_note(host, repo, _versions(installed),
+    assert install.jax_note(host, repo, _versions(installed),
                              _requires(*filter(None, [requires]))) == ""
 
 
@@ -188,8 +188,8 @@ def _install(monkeypatch, repo, host, installed, verdict=ANSWERS, pip_says=(0, "
         ran.append(command)
         return pip_says
 
-    monkeypatch.setattr(notebook, "_run_pip", run_pip)
-    notebook.install_missing(host, repo, _versions(installed),
+    monkeypatch.setattr(install, "_run_pip", run_pip)
+    install.install_missing(host, repo, _versions(installed),
                              _requires('libtpu==0.0.21.*; extra == "tpu"'),
                              lambda: {"verdict": verdict, "via": "pypi.org:443"})
     return ran
@@ -225,10 +225,10 @@ def test_the_commands_are_shown_as_a_shell_takes_them_and_run_in_order(monkeypat
 
 def test_a_stand_in_machine_runs_no_pip(monkeypatch, repo, capsys):
     # a notebook test on a stand-in TPU must not uninstall the suite's own TensorFlow
-    monkeypatch.setenv(notebook.ROOT_ENV, str(repo))
+    monkeypatch.setenv(install.ROOT_ENV, str(repo))
     assert _install(monkeypatch, repo, COLAB_TPU, TF_TPU_IMAGE, REFUSED) == []
     assert capsys.readouterr().out.splitlines()[-2:] == [
-        f"[INFO] not run on this stand-in machine (${notebook.ROOT_ENV}): {line}" for line in (
+        f"[INFO] not run on this stand-in machine (${install.ROOT_ENV}): {line}" for line in (
             "python -m pip uninstall -y tensorflow tensorflow-tpu",
             f"python -m pip install -r {repo / 'requirements-tpu.txt'}")]
 
@@ -250,9 +250,9 @@ def test_an_install_that_fails_after_the_uninstall_says_what_is_gone(monkeypatch
     said = iter([(0, "Successfully uninstalled tensorflow-2.19.0"),
                  (1, "ERROR: Could not install packages due to an OSError: [Errno 28] No space "
                      "left on device")])
-    monkeypatch.setattr(notebook, "_run_pip", lambda command: next(said))
+    monkeypatch.setattr(install, "_run_pip", lambda command: next(said))
     with pytest.raises(notebook.NotebookStop) as stop:
-        notebook.install_missing(COLAB_TPU, repo, _versions(TF_TPU_IMAGE), _requires(),
+        install.install_missing(COLAB_TPU, repo, _versions(TF_TPU_IMAGE), _requires(),
                                  lambda: {"verdict": ANSWERS, "via": "pypi.org:443"})
     assert str(stop.value).endswith(
         "No space left on device; is there a network? (tensorflow, tensorflow-tpu uninstalled: "
@@ -263,7 +263,7 @@ def test_pips_output_is_shown_line_by_line_and_its_error_kept(capfd):
     script = ("import sys; print('Collecting tensorflow-tpu', flush=True); "
               "print('ERROR: no space left', file=sys.stderr, flush=True); "
               "print('[notice] a new pip', flush=True); sys.exit(3)")
-    assert notebook._run_pip((sys.executable, "-c", script)) == (3, "ERROR: no space left")
+    assert install._run_pip((sys.executable, "-c", script)) == (3, "ERROR: no space left")
     assert capfd.readouterr().out == ("Collecting tensorflow-tpu\nERROR: no space left\n"
                                       "[notice] a new pip\n")
 
@@ -280,7 +280,7 @@ def test_pips_output_is_shown_line_by_line_and_its_error_kept(capfd):
     ("global.extra-index-url='https://x.example/simple'", ("pypi.org", 443, None)),
 ])
 def test_the_index_is_the_one_pips_configuration_names(listing, index):
-    assert notebook.pip_index(listing) == index
+    assert install.pip_index(listing) == index
 
 
 def test_the_probe_asks_the_index_pip_is_configured_with(monkeypatch):
@@ -288,7 +288,7 @@ def test_the_probe_asks_the_index_pip_is_configured_with(monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     for name in ("PIP_NO_INDEX", "PIP_PROXY", "https_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    assert notebook._probe_index() == {"verdict": REFUSED, "via": "127.0.0.1:9"}
+    assert install._probe_index() == {"verdict": REFUSED, "via": "127.0.0.1:9"}
 
 
 # --- the JAX route against the runtimes' published package lists ----------------------------
@@ -298,10 +298,10 @@ def test_on_colabs_tpu_image_the_install_changes_nothing_it_ships(repo):
     # no command uninstalls, and every package named is one the image lacks, so no
     # version it ships is replaced; .ci/check_requirements resolves the same install
     # with every package of the image pinned (what it brings along changes nothing either)
-    commands = _pip(notebook.install_commands(COLAB_TPU, repo,
+    commands = _pip(install.install_commands(COLAB_TPU, repo,
                                               _versions(COLAB_TPU_PUBLISHED)), repo)
     assert [command[0] for command in commands] == ["install"]
-    named = [notebook._name(spec) for spec in commands[0][1:]]
+    named = [install._name(spec) for spec in commands[0][1:]]
     assert named == ["tensorflow-cpu", "mlxtend", "importlib-resources"]
     assert not set(named) & set(COLAB_TPU_PUBLISHED)
     for kept in ("jax", "jaxlib", "libtpu", "keras", "numpy", "pandas", "protobuf"):
@@ -318,5 +318,5 @@ def test_the_published_lists_say_where_they_come_from(repo):
 
 def test_kaggles_tpu_image_keeps_its_tensorflow_cpu_and_gets_only_mlxtend(repo):
     image = {k: v for k, v in KAGGLE_TPU_IMAGE.items() if k != "mlxtend"}
-    commands = _pip(notebook.install_commands(KAGGLE_TPU, repo, _versions(image)), repo)
+    commands = _pip(install.install_commands(KAGGLE_TPU, repo, _versions(image)), repo)
     assert commands == [["install", "mlxtend==0.23.4"]]

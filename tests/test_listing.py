@@ -14,12 +14,13 @@ import ast
 import copy
 import dataclasses
 import difflib
-import io
 import pathlib
 import re
 import tokenize
 
 import pytest
+
+from pyimagesearch.platforms.listings import marked_lines  # the one reader of "# +"
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pyimagesearch"
@@ -69,9 +70,11 @@ MACHINERY = re.compile(r"\b(args|plan|run|strategies|outputs|cli|staged|record|h
 
 def _unmarked(path):
     """The script's main() without its '# +' lines: what a reader who skips them reads."""
-    lines = path.read_text().splitlines()
+    source = path.read_text()
+    lines, marked = source.splitlines(), marked_lines(source)
     start = next(i for i, line in enumerate(lines) if line.startswith("def main("))
-    return [line for line in lines[start:] if "# +" not in line]
+    return [line for number, line in enumerate(lines[start:], start=start + 1)
+            if number not in marked]
 
 
 @pytest.mark.parametrize("script", sorted(STRATEGY))
@@ -275,15 +278,6 @@ def listing_of(script):
     return [_normal(text) for text in statements]
 
 
-def _marked_lines(source):
-    """The numbers of the lines whose comment starts with '# +': this repository's lines."""
-    marked = set()
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT and token.string.startswith("# +"):
-            marked.add(token.start[0])
-    return marked
-
-
 def _header(node):
     """A block's first line as ast.unparse writes it: `with strategy.scope():`."""
     node = copy.copy(node)
@@ -315,7 +309,7 @@ def unmarked_statements(source):
     left out, not what it holds: its unmarked statements count. The module's
     docstring is not a statement of the listing.
     """
-    marked = _marked_lines(source)
+    marked = marked_lines(source)
     statements = []
 
     def walk(body):

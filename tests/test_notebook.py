@@ -26,8 +26,7 @@ from time_notebook import fresh_copy  # noqa: E402  (tools/: the files git would
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebook.ipynb"
-QUICK = ("REHEARSE = False\nEPOCHS = 2\nTIME_MATMUL = True\n"
-         "TRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]")
+QUICK = "REHEARSE = False\nEPOCHS = 2\nTRAIN_FLAGS = [\"--steps-per-epoch\", \"4\"]"
 QUICK_FLAGS = ["--epochs", "2", "--steps-per-epoch", "4"]  # what QUICK's runs are given
 # a bound for a hang, not a speed: the cell that trains three runs took about 2 minutes on
 # the Intel machine of docs/machine.md, and 13 on a 2-core AMD EPYC VM on 2026-12-02 whose
@@ -91,19 +90,21 @@ def _section_code(title):
 
 
 def test_each_section_shows_what_the_article_shows_there():
-    assert "notebook.project_structure()" in _section_code("Project structure")
+    assert "listings.project_structure()" in _section_code("Project structure")
     hardware = _section_code("Hardware")
-    for call in ("notebook.say_tpu_cores(host)", "notebook.show_matmul(RUNS)",
-                 "notebook.matmul_wanted(host, DEVICE, TIME_MATMUL)"):
+    for call in ("notebook.say_tpu_cores(host)", "records.matmul_table(RUNS)",
+                 "notebook.matmul_wanted(host, DEVICE, TIME_MATMUL)",
+                 '"tools/matmul_benchmark.py"'):
         assert call in hardware
-    assert "notebook.show_differences()" in _section_code("Distribute the training")
+    assert "listings.show_differences()" in _section_code("Distribute the training")
     assert 'show_listing("pyimagesearch/data.py", name="get_data")' in _section_code("Data")
     losses = _section_code("Losses")
     assert 'show_listing("pyimagesearch/loss.py", name="MSELoss")' in losses
-    assert "notebook.show_loss_scaling(RUNS" in losses
+    assert "records.loss_scaling_rows(losses)" in losses and "if MEASURE_LOSSES:" in losses
     tale = _section_code("A tale of comparison")
-    assert tale.index("name=\"AutoEncoder\"") < tale.index("notebook.train(runs, RUNS")
-    assert tale.index("notebook.train(") < tale.index("notebook.compare(RUNS)")
+    # the cells run each script as a process, then compare.py, as a reader would
+    assert tale.index("name=\"AutoEncoder\"") < tale.index("for run in runs:")
+    assert tale.index("notebook.run_script([*run.argv") < tale.index('["compare.py", RUNS')
     assert _section_code("Summary") == ""
 
 
@@ -173,7 +174,8 @@ def check_a_full_run(notebook, runs, copy):
     errors = [output for output in outputs(notebook) if output.output_type == "error"]
     assert errors == [], errors
     tables = [output.data["text/markdown"] for output in outputs(notebook, "text/markdown")]
-    table1 = next(table for table in tables if table.startswith("| run |"))
+    [table1] = [table for table in tables if table.startswith("| run |")]  # shown once
+    assert "| run |" not in text(notebook)  # compare.py's printed copy is left out
     assert "val_loss" in table1.splitlines()[0]
     ours = table1.split("\n\n")[0].splitlines()[2:]
     # a record's name is the scripts' (device, rehearsal, flags): it starts with the device
@@ -206,15 +208,17 @@ def test_the_notebook_runs_top_to_bottom_on_a_cpu(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
     changed = copy / "train_cpu.py"  # the listing shown is the script's, read when it runs
     changed.write_text(changed.read_text() + "# a line that only this copy has\n")
-    # the CPU run alone (the rehearsals' branch is test_platforms' and the slow test's)
-    notebook = execute(with_settings(read(), QUICK), copy, kernel_env)
+    # the CPU run alone (the rehearsals' branch is test_platforms' and the slow test's), every
+    # cell but TensorBoard's, which the test of cells run again runs twice
+    notebook = with_settings(read(), QUICK)
+    notebook = execute(notebook, copy, kernel_env, [cell.id for cell in notebook.cells
+                                                    if cell.id != "tensorboard"])
     check_a_full_run(notebook, ["cpu"], copy)
     said = text(notebook)
     assert "# a line that only this copy has" in "".join(
         output.data["text/html"] for output in outputs(notebook, "text/html"))
     assert "[INFO] runtime: this machine, no GPU or TPU" in said
     assert "[INFO] this runtime has every package the scripts need" in said
-    assert "naive" in said  # the matmul timing, the article's way beside the measured one
     assert re.search(r"\[INFO\] cpu: about [0-9.]+ (s|min) on Colab's free CPU for 2 epoch", said)
     name = outputs_name("cpu", QUICK_FLAGS)  # cpu_epochs-2_steps-per-epoch-4
     assert (copy / f"outputs/notebook/{name}.json").is_file()
@@ -231,18 +235,54 @@ def test_the_notebook_as_committed_runs_on_a_cpu(tmp_path, kernel_env):
 
 def test_its_cells_can_run_again_and_the_kernel_never_loads_tensorflow(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
+    (copy / "burst.py").write_text("for i in range(40):\n    print(f'line {i}')\n")
     notebook = with_settings(read(), "import sys")
     # what a reader does who runs the first cells, then runs them again
     cells = ["settings", "injected", "get-the-code", "runtime"] * 2 + [
         "project-structure", "distribute", "data", "losses", "model"]
+    notebook.cells.append(nbformat.v4.new_code_cell("notebook.run_script(['burst.py'])",
+                                                    id="burst"))
     notebook.cells.append(nbformat.v4.new_code_cell("print('tensorflow' in sys.modules)",
                                                     id="tensorflow-loaded"))
-    execute(notebook, copy, kernel_env, cells + ["tensorflow-loaded"])
+    # then %tensorboard, twice (it loads TensorFlow into the kernel: TPU_LOAD_LIBRARY=0 keeps
+    # it off the TPU, tests/test_platforms.py); the second finds the first's server
+    execute(notebook, copy, kernel_env,
+            cells + ["burst", "tensorflow-loaded", "tensorboard", "tensorboard"])
     assert [output for output in outputs(notebook) if output.output_type == "error"] == []
+    board = next(cell for cell in notebook.cells if cell.get("id") == "tensorboard")
+    assert any("text/html" in output.get("data", {}) for output in board.outputs), board.outputs
+    # a script's lines as a terminal shows them: the lines printed together come in one
+    # output, not one output each, which viewers drew with a blank line after every line
+    burst = [output for output in notebook.cells[-2].outputs if output.output_type == "stream"]
+    assert "".join(output.text for output in burst) == "[INFO] $ python burst.py\n" + "".join(
+        f"line {i}\n" for i in range(40))
+    assert len(burst) < 10, len(burst)
     # the kernel may send one print in more than one stream message
     assert "".join(output.text for output in notebook.cells[-1].outputs
                    if output.output_type == "stream") == "False\n"
     assert text(notebook).count(f"[INFO] the code is in {copy}") == 1  # the last run's cell
+
+
+ARTICLE_SHAPES = 'SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}'
+TINY_SHAPES = 'SHAPES = {"w": (8, 32, 16), "x": (8, 16, 32), "b": (8, 32, 32)}'
+
+
+def test_the_matmul_is_timed_when_asked(tmp_path, kernel_env):
+    # on a CPU runtime the notebook times it only when TIME_MATMUL asks: the run top to
+    # bottom does not, and this test runs the Hardware cell that does, on operands small
+    # enough for a shared 2-core machine (the 1 GiB ones took 17 s of a 20 s budget there;
+    # tests/test_matmul_benchmark.py runs the tool itself)
+    copy = fresh_copy(tmp_path / "clone")
+    tool = copy / "tools/matmul_benchmark.py"
+    assert tool.read_text().count(ARTICLE_SHAPES) == 1
+    tool.write_text(tool.read_text().replace(ARTICLE_SHAPES, TINY_SHAPES))
+    notebook = execute(with_settings(read(), "TIME_MATMUL = True"), copy, kernel_env,
+                       ["settings", "injected", "get-the-code", "runtime", "hardware"])
+    assert [output for output in outputs(notebook) if output.output_type == "error"] == []
+    assert "naive" in text(notebook)  # the matmul timing, the article's way beside the measured
+    assert (copy / "outputs/notebook/benchmarks/matmul_cpu.json").is_file()
+    [table] = [output.data["text/markdown"] for output in outputs(notebook, "text/markdown")]
+    assert "| matmul_cpu.json in the runs folder |" in table
 
 
 def _first_error(notebook):
@@ -284,6 +324,7 @@ def test_a_clone_that_fails_is_one_line_and_one_that_works_is_used(tmp_path, ker
 
 # --- what the notebook shows, without running it ----------------------------------------------
 
+from pyimagesearch.platforms import listings, records  # noqa: E402
 from pyimagesearch.platforms import notebook as driver  # noqa: E402
 from pyimagesearch.platforms.host import Host  # noqa: E402
 
@@ -297,16 +338,19 @@ args = parse(sys.argv)  # + the flags, checked
 x = finish(args)  # +
 y = more(x)  # +
 model.fit(trainDs, epochs=config.EPOCHS)  # the article's, "# +" in a string
+print("# + in a string, not a comment")
 '''
 
 
 def test_a_listing_is_the_script_as_it_is_now_with_its_marked_lines_grey(tmp_path):
     script = tmp_path / "train_x.py"
     script.write_text(SCRIPT)
-    shown = driver.listing_html(driver.script_lines(script), "train_x.py")
+    assert listings.marked_lines(SCRIPT) == {2, 4, 5, 6, 7, 8}
+    shown = listings.listing_html(listings.script_lines(script), "train_x.py",
+                                  listings.marked_lines(SCRIPT))
     assert 'import sys  # +' in shown and "from pyimagesearch import config" in shown
     # unmarked lines in plain colours (the comment green), marked ones grey, 4 in a row folded
-    grey = f'<span style="{driver.DIMMED}">'
+    grey = f'<span style="{listings.DIMMED}">'
     assert f"{grey}import sys  # +</span>" in shown
     folded = shown.split("<details>")[1].split("</details>")[0]  # 4 or more in a row
     assert "lines 4-8: 5 lines marked # +</summary>" in folded
@@ -317,7 +361,7 @@ def test_a_listing_is_the_script_as_it_is_now_with_its_marked_lines_grey(tmp_pat
             "article&#x27;s, &quot;# +&quot; in a string</span>") in shown
 
     script.write_text(SCRIPT.replace("epochs=config.EPOCHS", "epochs=config.EPOCHS * 2"))
-    changed = driver.listing_html(driver.script_lines(script), "train_x.py")
+    changed = listings.listing_html(listings.script_lines(script), "train_x.py")
     assert "epochs=config.EPOCHS * 2" in changed and "epochs=config.EPOCHS)" not in changed
 
 
@@ -325,18 +369,18 @@ def test_a_definition_is_shown_from_its_file_and_a_missing_one_is_one_line(tmp_p
     module = tmp_path / "loss.py"
     module.write_text('import keras\n\n\n@keras.saving.register\nclass MSELoss:\n    pass\n\n'
                       'def other():\n    pass\n')
-    assert driver.script_lines(module, "MSELoss") == [
+    assert listings.script_lines(module, "MSELoss") == [
         (4, "@keras.saving.register"), (5, "class MSELoss:"), (6, "    pass")]
     with pytest.raises(driver.NotebookStop, match="loss.py defines no get_data"):
-        driver.script_lines(module, "get_data")
-    assert driver.script_lines(REPO / "pyimagesearch/loss.py", "MSELoss")[0][1] \
+        listings.script_lines(module, "get_data")
+    assert listings.script_lines(REPO / "pyimagesearch/loss.py", "MSELoss")[0][1] \
         .startswith("@keras.saving")
 
 
 def test_the_scripts_differ_in_their_strategy_lines(monkeypatch):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda data, raw=False: shown.append(data))
-    driver.show_differences(repo=REPO)
+    listings.show_differences(repo=REPO)
     own = {data["text/html"].split("</b>")[0]: data["text/plain"] for data in shown}
     assert len(own) == 3
     tpu = next(plain for title, plain in own.items() if "train_tpu.py" in title)
@@ -347,8 +391,8 @@ def test_the_scripts_differ_in_their_strategy_lines(monkeypatch):
 
 def test_the_project_structure_lists_the_articles_files_first(monkeypatch):
     shown = []
-    monkeypatch.setattr(driver, "_display_markdown", shown.append)
-    driver.project_structure(REPO)
+    monkeypatch.setattr(listings, "show_markdown", shown.append)
+    listings.project_structure(REPO)
     rows = shown[0].splitlines()
     names = [row.split("`")[1] for row in rows[2:] if row.startswith("| `")]
     assert names[:7] == ["train_cpu.py", "train_gpu.py", "train_tpu.py",
@@ -366,13 +410,13 @@ def _matmul(folder, name, naive, median, rehearsal=False):
 
 
 def test_the_matmul_table_puts_the_runs_records_beside_the_articles_timings(tmp_path):
-    assert driver.matmul_table(tmp_path, reference=None).splitlines()[2:] == [
+    assert records.matmul_table(tmp_path, reference=None).splitlines()[2:] == [
         "| the article: CPU | 0.79 | | its listing |",
         "| the article: GPU | 0.000436 | | its listing |",
         "| the article: TPU (8 cores) | 0.06 | | its listing |"]
     _matmul(tmp_path, "matmul_gpu.json", 0.000512, 0.0123)
     (tmp_path / "benchmarks" / "matmul_cpu.json").write_text("{")
-    rows = driver.matmul_table(tmp_path, repo=REPO).splitlines()
+    rows = records.matmul_table(tmp_path, repo=REPO).splitlines()
     assert rows[2].startswith("| Intel(R) Xeon(R) Processor, 2 CPUs | 2.43958 | 0.489311 | "
                               "`outputs/quoted/benchmarks/matmul_cpu.json`, this repository")
     assert rows[3] == "| matmul_cpu.json | | | unreadable: skipped |"
@@ -402,7 +446,7 @@ def test_on_a_jax_tpu_image_the_matmul_is_not_timed_and_one_line_says_why(settin
 
 
 def test_the_losses_numbers_come_from_the_committed_record(tmp_path):
-    table = driver.loss_scaling_rows(repo=REPO)
+    table = records.loss_scaling_rows(repo=REPO)
     assert "| one SGD step with `MSELoss(scale=1)`, N=2, over the step on 1 device | 2.000 | " \
            "1.000 |" in table
     assert "over that with `scale=8`, N=8 | 8.000 |" in table
@@ -410,10 +454,10 @@ def test_the_losses_numbers_come_from_the_committed_record(tmp_path):
     (tmp_path / "listings.json").write_text(json.dumps(
         {"keras_version": "3", "tensorflow_version": "2", "listings": {}}))
     assert table.count("not measured") == 2  # tf.keras 2 was measured on 2 replicas only
-    assert driver.loss_scaling_rows(tmp_path / "listings.json").count("not measured") == 10
+    assert records.loss_scaling_rows(tmp_path / "listings.json").count("not measured") == 10
     assert "| `MSELoss(scale=1)`, N=8 | 1.000 |" in table  # on JAX: the article's scale
     assert "| `MSELoss(scale=8)`, N=8 | 0.125 |" in table
-    assert driver.jax_loss_rows(tmp_path) == "\n\nOn Keras' JAX backend: not measured."
+    assert records.jax_loss_rows(tmp_path) == "\n\nOn Keras' JAX backend: not measured."
 
 
 @pytest.mark.parametrize("host, said", [
@@ -442,31 +486,31 @@ def test_rehearse_names_the_configurations_to_rehearse():
 
 
 def test_an_estimate_scales_the_one_core_time_to_the_epochs_and_colab(tmp_path):
-    record = tmp_path / driver.ESTIMATES_RECORD
+    record = tmp_path / records.ESTIMATES_RECORD
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"factor": 1.5, "runs": {"cpu": {
         "seconds": 100, "epoch_seconds": [30, 20, 20]}}}))
     cpu = driver.Run("cpu", ("train_cpu.py", "--epochs", "5"))
     # 100 s for 3 epochs, 60 of them before the later epochs: 60 + 4 x 20 = 140, x 1.5
-    assert driver.estimate(cpu, CPU_HOST, tmp_path).startswith(
+    assert records.estimate(cpu, CPU_HOST, tmp_path).startswith(
         "cpu: about 3.5 min on Colab's free CPU for 5 epoch(s) (timed on one core here, "
         "100 s for 3 epoch(s), x 1.50")
     one = driver.Run("cpu", ("train_cpu.py", "--epochs=1", "--batch-size", "64"))
-    assert driver.estimate(one, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
-    assert driver.estimate(one, CPU_HOST, tmp_path).endswith("its other flags may change that")
+    assert records.estimate(one, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
+    assert records.estimate(one, CPU_HOST, tmp_path).endswith("its other flags may change that")
     # TRAIN_FLAGS come after the notebook's --epochs: the script trains the last one given
     again = driver.Run("cpu", ("train_cpu.py", "--epochs", "5", "--epochs=1"))
-    assert driver.estimate(again, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
+    assert records.estimate(again, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
     rehearsal = driver.Run("tpu_rehearsal", ("train_tpu.py", "--rehearse", "8"))
-    assert "no measurement of it" in driver.estimate(rehearsal, CPU_HOST, tmp_path)
+    assert "no measurement of it" in records.estimate(rehearsal, CPU_HOST, tmp_path)
     tpu = driver.Run("tpu", ("train_tpu.py", "--epochs", "2"))
-    assert driver.estimate(tpu, Host("colab", 0, 1, "v5e"), tmp_path).startswith(
+    assert records.estimate(tpu, Host("colab", 0, 1, "v5e"), tmp_path).startswith(
         "tpu: the article's 8 TPU cores trained 2 epoch(s) of this in about 10 s")
 
 
 def test_the_committed_timing_is_of_the_notebook_as_committed_and_within_five_minutes():
     """The record of tools/time_notebook.py (docs/notebook.md): its runs are today's defaults."""
-    record = json.loads((REPO / driver.TIMING_RECORD).read_text())
+    record = json.loads((REPO / records.TIMING_RECORD).read_text())
     settings = {}
     exec(next(cell.source for cell in read().cells if cell.get("id") == "settings"), settings)
     names = [run.name for run in driver.plan_runs(CPU_HOST, "auto", settings["REHEARSE"])]
@@ -477,10 +521,3 @@ def test_the_committed_timing_is_of_the_notebook_as_committed_and_within_five_mi
         record["notebook_seconds"] * 57 / statistics.mean(record["article_style_epoch_seconds"]),
         abs=0.1)
     assert record["colab_free_cpu_estimate_seconds"] <= 300
-
-
-def test_table_1_is_built_with_the_articles_rows(monkeypatch):
-    ran = []
-    monkeypatch.setattr(driver, "run_script", lambda argv, repo=".": ran.append(argv))
-    driver.compare("runs")
-    assert ran == [("compare.py", "runs", "--output-dir", "runs", "--with-article")]

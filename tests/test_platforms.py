@@ -13,7 +13,7 @@ import pytest
 
 from pyimagesearch.platforms import backend
 from pyimagesearch.platforms import host as hosts
-from pyimagesearch.platforms import notebook, tpu_runtime
+from pyimagesearch.platforms import notebook, records, tpu_runtime
 
 
 @pytest.fixture(autouse=True)
@@ -510,9 +510,19 @@ def test_a_script_that_succeeds_shows_all_it_said(tmp_path, capfd):
     assert err == "last words\n"
 
 
+def test_the_lines_a_test_refuses_are_left_out(tmp_path, capfd):
+    # compare.py's printed Table 1: the notebook shows it once, as Markdown
+    script = tmp_path / "table.py"
+    script.write_text("print('| run | val_loss |')\nprint('[INFO] wrote comparison.md')\n")
+    notebook.run_script((str(script),), repo=tmp_path,
+                        show=lambda line: line.startswith("[INFO]"))
+    out, _ = capfd.readouterr()
+    assert "| run |" not in out and out.endswith("\n[INFO] wrote comparison.md\n")
+
+
 def test_a_record_becomes_a_table_of_its_epochs():
     record = {"loss": [0.5, 0.25], "val_loss": [0.4, 0.2], "epoch_seconds": [3.14, 2.0]}
-    assert notebook.record_table(record).splitlines()[2:] == [
+    assert records.record_table(record).splitlines()[2:] == [
         "| 1 | 0.5000 | 0.4000 | 3.1 |", "| 2 | 0.2500 | 0.2000 | 2.0 |"]
 
 

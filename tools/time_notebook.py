@@ -17,7 +17,7 @@ load averages to say how much there was.
 The record holds each cell's seconds, each training run's seconds and
 epochs (the notebook prints "[INFO] NAME took N s here"), the two
 article-style epochs, the factor and the estimate. The notebook reads it to
-say, before each run, how long the run will take (notebook.estimate).
+say, before each run, how long the run will take (platforms/records.py's estimate).
 """
 import argparse
 import json

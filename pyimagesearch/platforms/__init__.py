@@ -9,9 +9,14 @@
 - `backend`: Keras' backend for each script, TensorFlow or (train_tpu.py on a
   JAX TPU image) JAX, chosen before Keras is imported;
 - `jobset`: the TF_CONFIG of a pod of a Kubernetes JobSet, from its index;
-- `notebook`: what notebook.ipynb's cells call: install what the runtime
-  lacks, keep the runs where a change of runtime leaves them, run the
-  scripts as processes, show their figures and records.
+- `notebook`: what notebook.ipynb's cells cannot hold: the runtime and the
+  runs it gets, a folder that a change of runtime leaves, a script run as a
+  process with its output shown as it comes;
+- `install`: the notebook's install of what the runtime lacks;
+- `listings`: the scripts as the notebook shows them, their `# +` lines grey
+  (the one reader of that marker);
+- `records`: what the notebook shows from the records on disk: a run's
+  epochs and figure, the matmul and loss tables, a run's time estimate.
 
 Nothing here imports TensorFlow, Keras or a module that does: a notebook's
 kernel and a script's first lines use it before TensorFlow may load.
