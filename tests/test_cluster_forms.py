@@ -334,7 +334,7 @@ def test_a_private_tensorflow_api_that_is_gone_is_one_line_naming_the_version(
         target = getattr(importlib.import_module(owner), attribute)
     monkeypatch.delattr(target, name)
     with pytest.raises(UserError, match=rf"^TensorFlow {re.escape(tf.__version__)} lacks .*"
-                                        r"install TensorFlow 2\.20 or 2\.21"):
+                                        r"install TensorFlow 2\.19, 2\.20 or 2\.21"):
         call()
 
 

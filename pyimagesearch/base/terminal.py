@@ -219,6 +219,11 @@ def quiet_tensorflow_import():
     a notebook's kernel must not load it at all (platforms.notebook). So the
     first module that needs TensorFlow imports it, and this hook quiets that
     import, as `native_stderr_quiet` quiets the other native moments.
+
+    Upstream: tensorflow/tensorflow#100442 (TF_CPP_MIN_LOG_LEVEL=3 does not
+    silence the import; open). Still needed in TensorFlow 2.21.0, whose
+    import prints absl's preamble and "Could not find cuda drivers" twice
+    (tests/test_workarounds.py); 2.19.1 adds its cuDNN/cuBLAS factory lines.
     """
     if "tensorflow" in sys.modules or os.environ.get(VERBOSE_ENV):
         return
@@ -270,7 +275,12 @@ _noise_filter = {}
 
 
 def filter_collective_noise():
-    """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF)."""
+    """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF).
+
+    Upstream: none filed: these are TensorFlow's own error records, which
+    only TF_CPP_MIN_LOG_LEVEL=3 removes, with every other C++ error (related:
+    tensorflow/tensorflow#62770). Still logged by TensorFlow 2.19.1 and 2.21.0.
+    """
     if _noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
         return
     sys.stderr.flush()

@@ -21,6 +21,9 @@ def seeded_passes(one_pass, seed, repeat):
     Python bool. So each pass sets its graph's seed to `seed` itself (what
     keras.utils.set_random_seed gives it anyway), and to 2**31 where
     TensorFlow would truncate that to 0.
+
+    Upstream: none filed (related: tensorflow/tensorflow#17284). Still
+    needed in TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
     graph_seed = seed if seed % (2**31 - 1) else 2**31
 

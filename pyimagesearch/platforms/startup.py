@@ -49,6 +49,10 @@ def leave_the_tpu_alone(environ=None):
 
     Cheap and harmless without tensorflow-tpu: only its TPU loader and
     libtpu read the variable.
+
+    Upstream: tensorflow/tensorflow#61293 (TensorFlow cannot be told to hide
+    a TPU; closed unfixed). Needed until tensorflow-tpu stops initialising
+    the TPU on import; still so in 2.19.1, whose loader reads the variable.
     """
     environ = os.environ if environ is None else environ
     if LOAD_LIBRARY not in environ:

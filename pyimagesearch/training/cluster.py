@@ -14,9 +14,10 @@ between the processes with TensorFlow's collective ops (their default, AUTO,
 communication). Worker 0, or the chief if the cluster names one, is the one
 that writes outputs.
 
-Keras 3's `model.fit` does not run under this strategy (keras-team/keras
-issue 20585: "Attempt to convert a value (PerReplica:...)"), so the training
-scripts use the custom loop (`loop.py`) there.
+Keras 3's `model.fit` does not run under this strategy (keras-team/keras#20585,
+open: "Attempt to convert a value (PerReplica:...)"; still so in Keras 3.15.1,
+tests/test_workarounds.py), so the training scripts use the custom loop
+(`loop.py`) there.
 """
 import dataclasses
 import ipaddress

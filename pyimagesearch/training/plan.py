@@ -243,7 +243,8 @@ def check_levers(plan, strategy):
     is a `tf.function(jit_compile=True)` around it), so on several replicas
     it asks for one XLA program across all their devices, which fails:
     "Trying to access resource ... located in device GPU:1 from device
-    GPU:0" (keras-team/keras#19005; Keras' own "auto" turns XLA off under any
+    GPU:0" (keras-team/keras#19005, closed unfixed, still so in Keras 3.15.1:
+    tests/test_workarounds.py; Keras' own "auto" turns XLA off under any
     tf.distribute strategy for that reason). The custom loop compiles each
     replica's step on its own device instead (TensorFlow's mirrored_run), so
     on real GPUs it can. Logical CPU devices are one XLA device: a rehearsal

@@ -61,6 +61,10 @@ def _find_tpu(resolver, tpu):
     must answer at the address it finds: TensorFlow would wait for one for
     ever, deaf to SIGTERM and Ctrl-C. A TPU on this machine must be among
     TensorFlow's devices.
+
+    The IPv6 refusal: TPUClusterResolver cuts grpc://[::1]:8470 at its first
+    colon; upstream none filed; still so in TensorFlow 2.19.1 and 2.21.0
+    (tests/test_workarounds.py).
     """
     if tpu and tpu.startswith("grpc://["):
         # TPUClusterResolver splits the address at its first colon

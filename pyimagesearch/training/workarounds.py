@@ -38,6 +38,10 @@ def plain_device_buffers():
     rehearsal), where both were seen. A real GPU or TPU gets no hook: it
     has never run there, and on a TPU the buffers sit on devices whose
     dataset kernels were not checked.
+
+    Upstream: none filed for the stall; the warning is the one of
+    tensorflow/tensorflow#61816 (closed for 2.15, still logged here). Still
+    needed in TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
     import tensorflow as tf  # here: the quiet block above must not need TensorFlow
 
@@ -83,6 +87,9 @@ class local_cpu_devices:
     the CPU (CollectiveAllReduceExtended._initialize_local_devices); a
     rehearsal of K GPUs per worker needs K logical CPU devices there. Private
     TensorFlow API: where it is missing, --rehearse K > 1 is refused.
+
+    Upstream: none public (TensorFlow's TODO b/126786766 beside the code).
+    Still needed in TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
 
     def __init__(self, count):
@@ -118,7 +125,7 @@ def private_api(what):
     """A private TensorFlow API that is gone (renamed, moved) is one line naming the version.
 
     Every real cluster run goes through the hooks below; a TensorFlow other
-    than those CI runs (2.20, 2.21) may lack one, and would print a traceback.
+    than those CI runs (2.19, 2.21) may lack one, and would print a traceback.
     """
     try:
         yield
@@ -126,18 +133,21 @@ def private_api(what):
         import tensorflow as tf
 
         raise UserError(f"TensorFlow {tf.__version__} lacks {what} ({error}), a private API "
-                        "that multi-worker runs use; install TensorFlow 2.20 or 2.21, the "
-                        "versions this repo is tested with") from error
+                        "that multi-worker runs use; install TensorFlow 2.19, 2.20 or 2.21, "
+                        "the versions this repo is tested with") from error
 
 
 def bound_cluster_start(timeout_s):
     """Make MultiWorkerMirroredStrategy give up after `timeout_s` waiting for the workers.
 
-    The strategy sets up TensorFlow's coordination service, with no limit on
-    how long every worker may take to register: a worker that never starts
-    leaves the others waiting for ever, and in C++, where neither Ctrl-C nor
-    SIGTERM reaches Python. It configures the service only if nothing has,
+    The strategy sets up TensorFlow's coordination service with its own
+    limit on how long every worker may take to register, an hour: a worker
+    that never starts leaves the others waiting that long, in C++, where
+    neither Ctrl-C nor SIGTERM reaches Python. It configures the service only if nothing has,
     so it is configured here first, the same way, plus the limit.
+
+    Upstream: none filed (the strategy takes no such limit). Still needed in
+    TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
     import tensorflow as tf
 
@@ -169,6 +179,10 @@ def preemption_handler_acts():
     TPU VM there its run() and save_checkpoint_if_preempted() do nothing at
     all ("does not support usage with TPU or CPU device on GCP",
     failure_handling.py). Elsewhere, and on GPU VMs, it acts.
+
+    Upstream: none filed (failure_handling.py: "We can make it work upon
+    request"). Still needed in TensorFlow 2.19.1 and 2.21.0
+    (tests/test_workarounds.py).
     """
     with private_api("failure_handling_util.detect_platform"):
         from tensorflow.python.distribute.failure_handling import (
@@ -185,6 +199,9 @@ def stop_preemption_handler(handler):
     They block in the coordination service until a key is set; the handler
     stops them itself only in its __del__, which a thread that still holds
     it never lets run.
+
+    Upstream: none filed (the handler has no public stop). Still needed in
+    TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
     # training is over: a TensorFlow without these stops them in __del__ (no
     # reason to lose the run for it)

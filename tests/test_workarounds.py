@@ -1,0 +1,186 @@
+"""Each workaround of TensorFlow or Keras, held against the installed versions: still needed?
+
+Every workaround names its upstream issue and the version that ends it (in its
+docstring, and in docs/development.md's table). The probes below run the
+installed TensorFlow and Keras without the workaround, in a process of their
+own, and check that what it works around still happens. When an upgrade fixes
+one, its test fails with a line that says which workaround can go, and why.
+"""
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The probes, in one process (TensorFlow imported once, ~5 s): each prints one
+# line of JSON, {"probe": name, "still": whether the fault is still there}.
+PROBES = r"""
+import inspect, json, os, sys, tempfile
+import numpy as np
+import tensorflow as tf
+import keras
+
+def said(name, still, detail=""):
+    print(json.dumps({"probe": name, "still": bool(still), "detail": str(detail)[:200]}), flush=True)
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+mirrored = tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+# plain_device_buffers: the per-device buffers are made with autotuning left on
+from tensorflow.python.data.ops import multi_device_iterator_ops as ops
+made, original = [], ops._create_device_dataset
+ops._create_device_dataset = lambda *a, **k: made.append(original(*a, **k)) or made[-1]
+next(iter(mirrored.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))))
+ops._create_device_dataset = original
+options = [(d.options().autotune.enabled, d.options().experimental_optimization
+            .apply_default_optimizations) for d in made]
+said("plain_device_buffers", made and all(o == (None, None) for o in options), options)
+
+# local_cpu_devices: a CPU-only worker of MultiWorkerMirroredStrategy gets one device
+from tensorflow.python.distribute import collective_all_reduce_strategy as car
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]}), task_type="worker",
+    task_id=0, num_accelerators={"CPU": 2})
+found, _ = car.CollectiveAllReduceExtended._initialize_local_devices(
+    None, resolver, "/job:worker/replica:0/task:0")
+said("local_cpu_devices", len(found) == 1, found)
+
+# bound_cluster_start: the strategy takes no limit on the workers' start
+signature = inspect.signature(tf.distribute.MultiWorkerMirroredStrategy.__init__)
+said("bound_cluster_start", not any("timeout" in name for name in signature.parameters),
+     list(signature.parameters))
+
+# preemption_handler_acts: on a Google Cloud CPU VM the handler never saves
+from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+on_gcp, util.on_gcp = util.on_gcp, (lambda: True)
+called = []
+config = tf.distribute.experimental.TerminationConfig(
+    termination_watcher_fn=lambda: True, exit_fn=lambda: called.append("exit"),
+    grace_period=0, save_fn=lambda: called.append("save"))
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    resolver, tf.train.Checkpoint(), tempfile.mkdtemp(), termination_config=config)
+handler.save_checkpoint_if_preempted()
+util.on_gcp = on_gcp
+said("preemption_handler_acts", not called, called)
+
+# stop_preemption_handler: no public way to stop the handler's watcher threads
+public = [name for name in ("close", "stop", "shutdown", "__exit__")
+          if hasattr(tf.distribute.experimental.PreemptionCheckpointHandler, name)]
+said("stop_preemption_handler", not public, public)
+
+# keras-team/keras#20585: fit under a multi-worker strategy reduces a tuple of PerReplica
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "f4"), np.ones((8, 1), "f4"))).batch(4)
+strategy.extended._num_workers = 2  # as in a 2-worker cluster: it fails before any collective
+try:
+    model.fit(data, epochs=1, verbose=0, shuffle=False)
+    said("keras_20585", False, "fit ran")
+except ValueError as error:
+    said("keras_20585", "PerReplica" in str(error), str(error).splitlines()[0])
+
+# keras-team/keras#19005: XLA with fit on several devices reaches across them
+with mirrored.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", jit_compile=True)
+try:
+    model.fit(data, epochs=1, verbose=0, shuffle=False)
+    said("keras_19005", False, "fit ran")
+except Exception as error:  # InvalidArgumentError: "Trying to access resource ..."
+    said("keras_19005", "Trying to access resource" in str(error), type(error).__name__)
+
+# datasets/passes.py: a graph seed of 0 and a tensor op seed fail in a flat_map
+def seeded(k):
+    tf.compat.v1.get_default_graph().seed = 0
+    return tf.data.Dataset.range(4).shuffle(4, seed=k)
+try:
+    list(tf.data.Dataset.range(1).flat_map(seeded))
+    said("graph_seed_0", False, "ran")
+except Exception as error:
+    said("graph_seed_0", "OperatorNotAllowedInGraphError" in type(error).__name__,
+         type(error).__name__)
+
+# tpu_lookup: TPUClusterResolver cuts an IPv6 address at its first colon
+address = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://[::1]:8470").master()
+said("tpu_ipv6", address != "grpc://[::1]:8470", address)
+"""
+
+# each probe: the workaround, where it is, its upstream issue, and what its end would look like
+WORKAROUNDS = {
+    "plain_device_buffers": ("training/workarounds.py", "none filed (the warning it also "
+                             "removes: tensorflow/tensorflow#61816)"),
+    "local_cpu_devices": ("training/workarounds.py", "none public (TensorFlow's TODO "
+                          "b/126786766 in collective_all_reduce_strategy.py)"),
+    "bound_cluster_start": ("training/workarounds.py", "none filed"),
+    "preemption_handler_acts": ("training/workarounds.py", "none filed (failure_handling.py: "
+                                "'We can make it work upon request')"),
+    "stop_preemption_handler": ("training/workarounds.py", "none filed"),
+    "keras_20585": ("training/cluster.py, training/plan.py", "keras-team/keras#20585"),
+    "keras_19005": ("training/plan.py", "keras-team/keras#19005"),
+    "graph_seed_0": ("datasets/passes.py", "none filed (related: tensorflow/tensorflow#17284)"),
+    "tpu_ipv6": ("training/tpu_lookup.py", "none filed"),
+}
+
+
+@pytest.fixture(scope="module")
+def probed():
+    done = subprocess.run([sys.executable, "-c", PROBES], cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {line["probe"]: line for line in map(json.loads, done.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("probe", sorted(WORKAROUNDS))
+def test_the_fault_each_workaround_works_around_is_still_there(probed, probe):
+    where, upstream = WORKAROUNDS[probe]
+    import keras
+    import tensorflow as tf
+
+    assert probed[probe]["still"], (
+        f"TensorFlow {tf.__version__} with Keras {keras.__version__} no longer shows what "
+        f"{probe} ({where}; upstream: {upstream}) works around ({probed[probe]['detail']}): "
+        "remove the workaround, and say in its docstring which version ended it")
+
+
+def test_tensorflows_own_switch_still_leaves_import_lines_on_stderr(repo):
+    # why base/terminal.py captures TensorFlow's import: even TF_CPP_MIN_LOG_LEVEL=3
+    # leaves absl's preamble and "Could not find cuda drivers" (tensorflow/tensorflow#100442)
+    done = subprocess.run([sys.executable, "-c", "import tensorflow"], cwd=repo,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0
+    assert done.stderr.strip(), ("TF_CPP_MIN_LOG_LEVEL=3 now silences TensorFlow's import "
+                                 "(tensorflow/tensorflow#100442): base/terminal.py's import "
+                                 "hook could give way to it")
+
+
+UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|https://github\.com/\S+")
+
+
+@pytest.mark.parametrize("module, names", [
+    ("pyimagesearch.training.workarounds", ["plain_device_buffers", "local_cpu_devices",
+                                            "bound_cluster_start", "preemption_handler_acts",
+                                            "stop_preemption_handler"]),
+    ("pyimagesearch.base.terminal", ["quiet_tensorflow_import", "filter_collective_noise"]),
+    ("pyimagesearch.datasets.passes", ["seeded_passes"]),
+    ("pyimagesearch.training.tpu_lookup", ["_find_tpu"]),
+    ("pyimagesearch.platforms.startup", ["leave_the_tpu_alone"]),
+])
+def test_every_workaround_names_its_upstream_issue_and_where_it_ends(module, names):
+    loaded = importlib.import_module(module)
+    for name in names:
+        said = inspect.getdoc(getattr(loaded, name)) or ""
+        assert UPSTREAM.search(said), f"{module}.{name} names no upstream issue"
+        assert re.search(r"(still|until|ends|ended|needed).{0,80}\d+\.\d+", said, re.S | re.I), \
+            f"{module}.{name} does not say which version still needs it or ends it"
