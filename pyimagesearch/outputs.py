@@ -145,6 +145,25 @@ def run_record(plan, run, trained):
     return record
 
 
+def figure(title, images, predicted):
+    """The listing's figure: 8 rows of an input and its reconstruction, titled `title`.
+
+    The scripts draw it in the article's own lines; this is the same drawing
+    for tools/redraw_figure.py (tests/test_redraw_figure.py holds the two to
+    the same pixels). Saved at 80 dpi.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 16), layout="constrained")
+    rows = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
+    fig.suptitle(title, fontsize="medium")
+    for row, pair in zip(rows, zip(images[:8], predicted[:8])):
+        for ax, image, name in zip(row, pair, ("Input Image", "Predicted Image")):
+            ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1)
+            ax.set_title(name)
+    return fig
+
+
 def figure_title(plan, record):
     """The figure's title: which run, how it ended, and whose digits it shows.
 

@@ -1,10 +1,10 @@
-"""tools/redraw_figure.py: a saved run's figure, drawn again as its script drew it."""
+"""tools/redraw_figure.py and outputs.figure: a saved run's figure, drawn again as its script drew it."""
 import json
 import shutil
 
 import pytest
 
-import redraw_figure
+from pyimagesearch import outputs
 
 
 @pytest.fixture
@@ -25,12 +25,12 @@ def test_the_redrawn_figure_is_the_scripts_own(saved_run, tiny_runs, name, in_pr
                                                monkeypatch):
     titles = []
 
-    def drawing(record, images, predicted, draw=redraw_figure.draw):
-        fig = draw(record, images, predicted)
+    def drawing(title, images, predicted, draw=outputs.figure):
+        fig = draw(title, images, predicted)
         titles.append(fig.get_suptitle())
         return fig
 
-    monkeypatch.setattr(redraw_figure, "draw", drawing)
+    monkeypatch.setattr(outputs, "figure", drawing)
     (saved_run / f"{name}.png").write_bytes(b"an old figure")  # replaced whole
     result = in_process("tools/redraw_figure.py", str(saved_run / f"{name}.json"))
     assert result.returncode == 0, result.stderr

@@ -9,10 +9,11 @@ picture is. The digits are figure_digits of the validation split of the
 data the run read (its record's `data_source`; a tfds, stand-in or TFRecord
 run also needs the `--data-dir` its command gave, taken from the record or
 from --data-dir here), the reconstructions the saved model's predictions,
-and the title outputs.figure_title of the record. The drawing mirrors the
-figure of the train_*.py listing (4 x 16 inches, 8 rows of input and
-prediction, grey levels 0 to 1, no ticks, 80 dpi), written shorter; change
-both together. The PNG (default: beside the record, RECORD.png) replaces an
+and the title outputs.figure_title of the record, drawn by outputs.figure,
+the package's one figure function: the figure of the train_*.py listing
+(4 x 16 inches, 8 rows of input and prediction, grey levels 0 to 1, no
+ticks, 80 dpi), which the scripts draw in the article's own lines; a test
+holds the two to the same pixels. The PNG (default: beside the record, RECORD.png) replaces an
 earlier one whole, or not at all.
 """
 import argparse
@@ -77,22 +78,6 @@ def load(path):
         raise UserError(f"cannot load {path} as a Keras model ({first_line(error)})") from error
 
 
-def draw(record, images, predicted):
-    """The listing's figure of `images` and their reconstructions, titled from `record`."""
-    from matplotlib.figure import Figure
-
-    from pyimagesearch import outputs
-
-    fig = Figure(figsize=(4, 16), layout="constrained")
-    rows = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
-    fig.suptitle(outputs.figure_title(None, record), fontsize="medium")
-    for row, pair in zip(rows, zip(images[:8], predicted[:8])):
-        for ax, image, title in zip(row, pair, ("Input Image", "Predicted Image")):
-            ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1)
-            ax.set_title(title)
-    return fig
-
-
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,7 +101,10 @@ def main(argv=None):
     from pyimagesearch.base.publish import StagedOutputs
 
     images = figure_digits(run_source(record, args.data_dir).examples(config.VALIDATION_FLAG))
-    fig = draw(record, images, model.predict(images, batch_size=len(images), verbose=0))
+    from pyimagesearch import outputs
+
+    fig = outputs.figure(outputs.figure_title(None, record), images,
+                         model.predict(images, batch_size=len(images), verbose=0))
     folder, name = os.path.split(file_to_write(out))
     with StagedOutputs(folder or ".") as staged:
         fig.savefig(staged.path(name), dpi=80, format="png")
