@@ -30,8 +30,8 @@ from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pypl
 def main(argv=None):  # +
     args = cli.parse_args("cpu", __doc__, argv)  # + the flags, checked
 
-    # the article's CPU run needs no strategy: TensorFlow's default one, with
-    # any GPU hidden so that the work stays on the CPU; the code below is the same
+    # the article prints no CPU script: this repository reads its CPU run as
+    # TensorFlow's default strategy, any GPU hidden; the code below is the same
     strategies.cpu_only()  # +
     strategy = tf.distribute.get_strategy()
 

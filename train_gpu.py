@@ -32,7 +32,8 @@ from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pypl
 def main(argv=None):  # +
     args = cli.parse_args("gpu", __doc__, argv)  # + the flags and TF_CONFIG, checked
 
-    # initialize the GPU strategy: MirroredStrategy over every visible GPU
+    # the article prints no GPU script: this repository reads it as
+    # MirroredStrategy over every visible GPU
     if args.cluster:  # + several machines: one worker of the TF_CONFIG
         # + cluster, trained with the custom loop (Keras 3's fit does not run under it)
         strategy = strategies.multi_worker(args.cluster, args.rehearse,  # +

@@ -256,26 +256,18 @@ ARTICLE_LISTING = [
 ]
 # train_cpu.py and train_gpu.py: the listing with their own strategy lines
 # (the article prints no CPU or GPU listing) in place of lines 366-369
-OWN_STRATEGY = {
-    "train_tpu.py": None,
-    "train_gpu.py": ["strategy = tf.distribute.MirroredStrategy()"],
-    "train_cpu.py": ["strategy = tf.distribute.get_strategy()"],
-}
+SCRIPTS = ("train_tpu.py", "train_gpu.py", "train_cpu.py")
 
 
-def listing_of(script):
-    """The statements `script` is held to: the article's, its strategy lines its own.
+def listing():
+    """The statements every script is held to: the article's TPU listing.
 
     Each as this Python's ast.unparse writes it, as the scripts' are (3.10's
-    writes `(testIm, _) = ...` where 3.11's writes `testIm, _ = ...`).
+    writes `(testIm, _) = ...` where 3.11's writes `testIm, _ = ...`). The
+    CPU and GPU scripts' strategy lines are departures the README names,
+    like any other: the article prints only the TPU's script.
     """
-    own = OWN_STRATEGY[script]
-    statements = [text for line, text in ARTICLE_LISTING if own is None or line not in
-                  (366, 367, 368, 369)]
-    if own is not None:
-        at = next(i for i, (line, _) in enumerate(ARTICLE_LISTING) if line == 366)
-        statements[at:at] = own
-    return [_normal(text) for text in statements]
+    return [_normal(text) for _, text in ARTICLE_LISTING]
 
 
 def _header(node):
@@ -392,14 +384,14 @@ def departures(listing, statements):
 
 def _unexplained(script, source, rows):
     """The departures of `source` from `script`'s listing that no row of the table names."""
-    left_out, added = departures(listing_of(script), unmarked_statements(source))
+    left_out, added = departures(listing(), unmarked_statements(source))
     named_left = {code for row in rows for code in row.named(script)[0]}
     named_added = {code for row in rows for code in row.named(script)[1]}
     return ([code for code in left_out if code not in named_left],
             [code for code in added if code not in named_added])
 
 
-@pytest.mark.parametrize("script", sorted(OWN_STRATEGY))
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_skipping_the_marked_lines_leaves_the_listing_or_a_departure_the_readme_names(script):
     rows = departures_table((REPO / "README.md").read_text())
     assert rows, "the README has no departures table"
@@ -411,9 +403,9 @@ def test_skipping_the_marked_lines_leaves_the_listing_or_a_departure_the_readme_
 
 def test_every_departure_in_the_readme_is_one_a_script_makes():
     rows = departures_table((REPO / "README.md").read_text())
-    made = {script: departures(listing_of(script),
+    made = {script: departures(listing(),
                                unmarked_statements((REPO / script).read_text()))
-            for script in OWN_STRATEGY}
+            for script in SCRIPTS}
     stale = [row.article + row.ours for row in rows if not any(
         set(row.named(script)[0]) & set(left_out) or set(row.named(script)[1]) & set(added)
         for script, (left_out, added) in made.items())]

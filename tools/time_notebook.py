@@ -7,7 +7,7 @@ Colab's free CPU runtime cannot be timed from here, so the estimate is a
 ratio (issue 32): the notebook as committed, run top to bottom through
 nbclient in a fresh copy of the repository, offline, pinned to one core
 (what `taskset -c 0` does: this process's affinity, inherited by the kernel
-and the scripts), times 57 s (the article's Colab CPU epoch) over the epoch
+and the scripts), times 57 s (the article's CPU epoch, taken for Colab's free CPU) over the epoch
 of an article-style pipeline (tfds.load, a per-image map, shuffle, batch
 128, 60,000 images; `fit` with the article's model and loss) timed on that
 same core, before and after the notebook. A machine shared with other work

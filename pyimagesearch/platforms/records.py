@@ -171,7 +171,9 @@ def estimate(run, host, repo="."):
 
     On a CPU: the committed one-core measurement (tools/time_notebook.py),
     scaled to Colab's free CPU by the article's 57 s CPU epoch over an
-    article-style epoch timed on that same core, and to `run`'s epochs. On
+    article-style epoch timed on that same core, and to `run`'s epochs. The
+    article does not say where its CPU log ran: taking it for Colab's free
+    CPU is this repository's reading (the article sends readers to Colab). On
     a GPU or TPU: the article's own epochs; nothing here has timed one.
     """
     try:
