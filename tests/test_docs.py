@@ -454,16 +454,6 @@ def test_quoted_figures_match_their_records():
     assert quote_mismatches(documents()) == []
 
 
-def test_a_changed_figure_is_reported():
-    texts = documents()
-    quote = next(q for q in QUOTES if q.text.startswith("- loss: {loss}"))
-    expected = quote.render()
-    changed = expected.replace(quote.figures["val"].value(), "0.0099")
-    assert changed != expected
-    texts[quote.doc] = texts[quote.doc].replace(expected, changed)
-    assert len(quote_mismatches(texts, [quote])) == 1
-
-
 def test_the_expected_output_is_a_real_run():
     """The README's output block is lines of the committed log of `python train_cpu.py`."""
     text = README.read_text()
@@ -518,16 +508,6 @@ def test_table1_in_the_readme_is_what_compare_prints(printed_table1):
     assert table1_mismatches(README.read_text(), printed_table1) == []
     # the committed comparison.md is the same table
     assert table_rows((QUOTED / "comparison.md").read_text()) == rows
-
-
-def test_a_changed_table1_figure_is_reported(printed_table1):
-    readme = README.read_text()
-    cpu_row = next(row for row in table_rows(printed_table1) if row.startswith("| cpu |"))
-    cells = cpu_row.split(" | ")
-    cells[-3] = "0.0099"  # val_loss
-    changed = readme.replace(cpu_row, " | ".join(cells))
-    assert changed != readme
-    assert table1_mismatches(changed, printed_table1) == [cpu_row]
 
 
 # --- the README's shape ------------------------------------------------------------
