@@ -3,6 +3,11 @@
 TensorFlow fixes its devices when its runtime starts, so the split of the
 CPU into logical devices (used by the distribution tests) happens here,
 before any test runs an op. Single-device code still runs on /cpu:0.
+
+Also what several test files share: a run's output names (outputs_name,
+output_files), earlier outputs to keep and the state a folder of them is in
+(earlier_outputs, outputs_state), a script's one error line (one_line), and
+the fixtures repo, in_process, tiny_runs and tiny_disk.
 """
 import os
 import pathlib
@@ -66,6 +71,34 @@ def output_files(name):
     return [f"{name}.json", f"{name}.keras", f"{name}.png"]
 
 
+def earlier_outputs(folder, names):
+    """Put files `names` in `folder` (made if need be), each holding "earlier NAME"."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text(f"earlier {name}")
+
+
+def outputs_state(folder, names):
+    """'old' or 'new' if the folder holds that whole set and nothing else; what it holds if not.
+
+    'old': the files of earlier_outputs; 'new': each holding "new NAME".
+    """
+    held = sorted(os.listdir(folder))
+    texts = {name: (folder / name).read_text() for name in names if name in held}
+    if held == sorted(names) and all(text == f"earlier {n}" for n, text in texts.items()):
+        return "old"
+    if held == sorted(names) and all(text == f"new {n}" for n, text in texts.items()):
+        return "new"
+    return held, texts
+
+
+def one_line(result):
+    """The one line a script that ended with status 2 said on stderr (asserted to be one)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
 @pytest.fixture(autouse=True)
 def config_as_written(monkeypatch):
     """After each test, config.py's values as they were: a run's flags set them in place.
@@ -113,6 +146,31 @@ def in_process(capfd, monkeypatch):
         return types.SimpleNamespace(returncode=status, stdout=out, stderr=err)
 
     return run
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """mount_disk(name, size): a tmpfs of `size` at tmp_path/name, unmounted after the test.
+
+    Needs the right to mount (root, as here and in CI); skipped without it.
+    """
+    import subprocess
+
+    mounted = []
+
+    def mount_disk(name, size):
+        folder = tmp_path / name
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(folder)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount_disk
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 class _RunsFolder(type(pathlib.Path())):

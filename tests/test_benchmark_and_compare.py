@@ -1,4 +1,8 @@
-"""compare.py on records of tiny real runs: Table 1, the figure, bad records."""
+"""compare.py on records of tiny real runs: Table 1, the figure, bad records.
+
+A bad record (a field of the wrong type or value, JSON nested too deeply, a model of
+something else, a pipe) is skipped with one line; a folder that is not there is one line.
+"""
 import json
 import os
 import shutil
@@ -6,6 +10,7 @@ import shutil
 import pytest
 
 import compare
+from pyimagesearch.base.errors import UserError
 
 
 def test_compare_builds_table_and_figure(tiny_runs, tmp_path, capsys):
@@ -54,6 +59,82 @@ def test_a_record_that_is_a_fifo_is_skipped_not_waited_on(tmp_path, capsys):
     assert not reader.is_alive(), "compare.py waited on a FIFO"
     assert found == {}
     assert f"skipping {tmp_path / 'cpu.json'}: not a regular file" in capsys.readouterr().err
+
+
+def test_compare_skips_records_with_values_of_the_wrong_type(tmp_path, capsys):
+    good = {"device": "cpu", "replicas": 1, "global_batch_size": 32, "steps_per_epoch": 2,
+            "epoch_seconds": [1.0, 0.5], "loss": [0.1, 0.05], "val_loss": [0.1, 0.05],
+            "data_source": "sample"}
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "bad.json").write_text(json.dumps({**good, "epoch_seconds": ["x", 2]}))
+    (tmp_path / "worse.json").write_text(json.dumps({**good, "device": 5}))
+    assert sorted(compare.load_records(str(tmp_path))) == ["good"]
+    assert capsys.readouterr().err.count("values of the wrong type") == 2
+
+
+GOOD_RECORD = {"device": "cpu", "replicas": 1, "global_batch_size": 32, "steps_per_epoch": 2,
+               "epoch_seconds": [1.0, 0.5], "train_seconds": [0.9, 0.4],
+               "loss": [0.1, 0.05], "val_loss": [0.1, 0.05], "data_source": "sample",
+               "learning_rate": 0.001, "machine": {"cpu_model": "x", "cpu_count": 2}}
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("train_seconds", [0.0, 0.4], "seconds that are not above 0 (train_seconds"),
+    ("epoch_seconds", [1.0, float("inf")], "not finite (epoch_seconds"),
+    ("loss", [float("nan"), 0.05], "not finite (loss"),
+    ("val_loss", [], "no epochs (val_loss is empty)"),
+    ("loss", [], "no epochs (loss is empty)"),
+    ("epoch_seconds", [], "no epochs (epoch_seconds is empty)"),
+    ("machine", "a laptop", "(machine is 'a laptop', not an object)"),
+    ("replicas", 0, "(replicas is 0, not a whole number from 1)"),
+    ("global_batch_size", True, "(global_batch_size is True, not a whole number"),
+    ("steps_per_epoch", 2.5, "(steps_per_epoch is 2.5"),
+    ("workers", -1, "(workers is -1"),
+    ("learning_rate", float("nan"), "(learning_rate is nan, not a finite number)"),
+    ("device", ["cpu"], "(device is ['cpu'], not a name)"),
+    ("loss", "0.1", "(loss must be a list of numbers)"),
+])
+def test_compare_skips_a_record_field_by_field_with_one_line(tmp_path, capsys, field, value,
+                                                             said):
+    (tmp_path / "good.json").write_text(json.dumps(GOOD_RECORD))
+    (tmp_path / "edited.json").write_text(json.dumps({**GOOD_RECORD, field: value}))
+    assert sorted(compare.load_records(str(tmp_path))) == ["good"]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "edited.json" in lines[0] and said in lines[0], lines
+
+
+def test_compare_skips_deep_json_and_a_model_of_something_else(tmp_path, capsys, tiny_runs):
+    import keras
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for suffix in ("json", "keras"):
+        name = f"{tiny_runs.names['train_cpu.py']}.{suffix}"
+        shutil.copy(tiny_runs / name, folder / name)
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(folder / "piped.keras")  # loading it would wait for a writer for ever
+    (folder / "piped.json").write_text(json.dumps(GOOD_RECORD))
+    (folder / "other.json").write_text(json.dumps(GOOD_RECORD))
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    other.save(folder / "other.keras")
+    compare.main([str(folder)])
+    err = capsys.readouterr().err
+    assert "deep.json: not readable JSON (nested too deeply)" in err
+    assert "other.keras in the figure: not a model of the digits" in err
+    assert f"skipping {folder / 'piped.keras'}: not a regular file" in err
+    assert (folder / "comparison.png").exists() and "Traceback" not in err
+
+
+@pytest.mark.parametrize("given", ["missing", "a-file", "outputs"])
+def test_compare_on_a_folder_that_is_not_there_says_where_it_looked(tmp_path, monkeypatch,
+                                                                    given):
+    # `python compare.py` from outside the repository looks for ./outputs
+    (tmp_path / "a-file").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    there = "is not a folder" if given == "a-file" else "does not exist"
+    with pytest.raises(UserError, match=rf"^{given} {there} \(in {tmp_path}\); name the"):
+        compare.main([given] if given != "outputs" else [])
+    assert os.listdir(tmp_path) == ["a-file"]
 
 
 def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """benchmark_pipeline.py end to end on a tiny stand-in MNIST: the JSON it writes adds up.
 
 Seconds are only checked for being positive and consistent with each other;
-how fast this machine is is not a test.
+how fast this machine is is not a test. A --profile-dir it cannot write is one line.
 """
 import json
 import statistics
@@ -11,6 +11,7 @@ import pytest
 import benchmark_pipeline
 import prepare_mnist
 from pyimagesearch import config
+from pyimagesearch.base.errors import UserError
 
 SETUPS = {"article-style", "efficient pipeline", "train_cpu.py"}
 KEYS = {"seconds", "median_seconds", "speedup_over_article_style", "steps", "trials",
@@ -65,6 +66,14 @@ def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path):
     for name in ("article-style", "efficient_pipeline", "train_cpu.py"):
         traces = list((tmp_path / "profile" / name).rglob("*.xplane.pb"))
         assert traces, name
+
+
+def test_benchmark_profile_dir_that_is_a_file_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UserError, match="cannot write to output folder"):
+        benchmark_pipeline.main(["--data-dir", str(tmp_path), "--profile-dir",
+                                 str(blocker / "profile")])
 
 
 def test_the_floor_benchmark_writes_the_epoch_to_floor_ratio(tmp_path):

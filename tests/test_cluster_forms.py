@@ -2,7 +2,8 @@
 
 Each cluster runs inside a network namespace of its own (`unshare --net`,
 loopback only), so TensorFlow's servers, which listen on every interface,
-are reachable from this machine alone.
+are reachable from this machine alone. An empty TF_CONFIG is no cluster, and
+the wait for peers finds them on IPv6 loopback as on IPv4.
 """
 import json
 import os
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import train_cpu
+import train_gpu
 from conftest import output_files, outputs_name
 from pyimagesearch.training import cluster as cluster_module
 from pyimagesearch.training import workarounds
@@ -160,6 +162,14 @@ def test_a_cluster_of_one_and_an_evaluator(in_process, monkeypatch, tmp_path):
     assert not (tmp_path / "evaluator").exists()
 
 
+def test_an_empty_tf_config_is_no_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "")
+    args = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32", "--data-source",
+            "sample", "--rehearse", "1", "--output-dir", str(tmp_path)]
+    train_gpu.main(args)
+    assert (tmp_path / f"{outputs_name('gpu', args)}.json").exists()
+
+
 @pytest.mark.slow
 def test_master_is_the_chief(repo, tmp_path):
     flags = ["train_gpu.py", *ONE_SGD_STEP, "--rehearse", "1"]
@@ -262,6 +272,21 @@ def test_the_wait_for_peers_ends_when_every_peer_listens():
     port, peer = _free_ports(2)
     with socket.create_server(("127.0.0.1", peer)):
         wait_for_peers(_lonely(port, peer), 0.3, poll_s=0.05)
+
+
+def test_a_cluster_on_ipv6_loopback_waits_for_its_peer_like_one_on_ipv4():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    probes = [socket.create_server(("::1", 0), family=socket.AF_INET6) for _ in range(2)]
+    port, peer = (probe.getsockname()[1] for probe in probes)
+    for probe in probes:
+        probe.close()
+    config = {"cluster": {"worker": [f"[::1]:{port}", f"[::1]:{peer}"]},
+              "task": {"type": "worker", "index": 0}}
+    cluster = read_tf_config({"TF_CONFIG": json.dumps(config)})
+    assert isinstance(cluster, Cluster) and cluster.address == f"[::1]:{port}"
+    with socket.create_server(("::1", peer), family=socket.AF_INET6):
+        wait_for_peers(cluster, 2.0, poll_s=0.05)  # listens on [::1] itself, finds the peer
 
 
 def test_a_port_in_use_is_one_line():

@@ -1,8 +1,14 @@
-"""get_data through the real tfds.load path (mocked data), the sample, and `auto`."""
+"""get_data through the real tfds.load path (mocked data), the sample, and `auto`.
+
+A prepared tfds dataset that cannot be read, or lists no splits, is one line.
+"""
+import json
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+import train_cpu
 from pyimagesearch import config, data
 
 from pyimagesearch.datasets import sources
@@ -240,3 +246,26 @@ def test_each_replica_gets_its_slice_of_every_global_batch(replicas):
                         pieces[step * local + offset],
                         whole[step][replica * per:(replica + 1) * per])
 
+
+def test_a_broken_prepared_dataset_is_one_line(tmp_path):
+    info = tmp_path / "mnist" / "3.0.1" / "dataset_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text("{not json")
+    with pytest.raises(UserError, match=r"^cannot read the prepared mnist in .*prepare it "
+                                        "again"):
+        sources.tfds_prepared("mnist", str(tmp_path))
+
+
+def test_a_prepared_dataset_without_its_splits_is_one_line(tmp_path):
+    # a dataset_info.json that parses but lists no split: tfds.load raised
+    # KeyError ("`splits` is empty") from inside, a traceback
+    info = tmp_path / "tfds" / "mnist" / "3.0.1" / "dataset_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"name": "mnist", "version": "3.0.1", "splits": []}))
+    with pytest.raises(UserError, match=r"^the prepared mnist in .*tfds has no readable train "
+                                        r"split \(Trying to access `splits\['train'\]` but "
+                                        r"`splits` is empty.*\); delete its mnist folder"):
+        train_cpu.main(["--data-source", "tfds", "--data-dir", str(tmp_path / "tfds"),
+                        "--epochs", "1", "--steps-per-epoch", "1",
+                        "--output-dir", str(tmp_path / "out")])
+    assert not list((tmp_path / "out").glob("*.png"))  # no figure, of any name

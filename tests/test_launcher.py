@@ -3,7 +3,8 @@
 The workers here are stand-ins (a few lines of Python each, no TensorFlow), so
 that every way the launcher can end is tried in the default run: its signals,
 its terminal closing, SIGKILL, and its output closed early. The training
-workers' side of it is in tests/test_multi_worker.py.
+workers' side of it is in tests/test_multi_worker.py. What it cannot start (a worker
+count out of range, a folder or a missing script) is one line and exit status 2.
 """
 import fcntl
 import os
@@ -78,6 +79,19 @@ def reap():
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--workers", "100", "--", "train_gpu.py"], "from 2 to 16, got 100"),
+    (["--workers", "1", "--", "train_gpu.py"], "from 2 to 16, got 1"),
+    (["--", "tools"], "tools is a folder; give the training script"),
+    (["--", "no_such.py"], "no_such.py not found")])
+def test_launch_workers_refuses_what_it_cannot_start(repo, args, complaint):
+    result = subprocess.run([sys.executable, "tools/launch_workers.py", *args], cwd=repo,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and complaint in lines[0], result.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])

@@ -2,7 +2,9 @@
 
 A 4-epoch run of 60 steps an epoch (4 executions of 15) is stopped in its
 second or third epoch and run again with the same command; it must end
-with the very weights an uninterrupted run ends with.
+with the very weights an uninterrupted run ends with. A signal that comes
+while a run that has ended exits, or that the exit hook finds blocked, is
+one line and status 143 too.
 """
 import json
 import os
@@ -18,6 +20,7 @@ import pytest
 import train_cpu
 from conftest import output_files, outputs_name
 from pyimagesearch.base.errors import Preempted
+from pyimagesearch.training import exits
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
          "--epochs", "4"]
@@ -185,3 +188,49 @@ def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
     for name in earlier:
         assert (out / name).read_text() == f"earlier {name}"
     assert sorted(os.listdir(out)) == earlier
+
+
+# a run that has ended well, and a signal while its process ends: as the scripts
+# end (`cli.run_main(main)` is their last line), with a main() that writes nothing
+ENDED_RUN = r"""
+import os, signal, sys
+from pyimagesearch.platforms import backend
+backend.tensorflow()  # as every script's first call does
+from pyimagesearch import cli
+sys.argv = ["train_cpu.py"]
+def main(argv):
+    print("trained", flush=True)
+how = os.environ["HOW"]
+cli.run_main(main, [])
+if how == "after":
+    os.kill(os.getpid(), getattr(signal, os.environ["SIG"]))
+    sum(range(1000))  # the handler runs here
+"""
+
+
+@pytest.mark.parametrize("how, sig, status", [
+    ("after", "SIGTERM", 143), pytest.param("none", None, 0, marks=pytest.mark.slow)])
+def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how, sig, status):
+    done = subprocess.run([sys.executable, "-c", ENDED_RUN], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HOW": how,
+                                                       "SIG": sig or ""})
+    assert done.returncode == status, done.stderr
+    assert done.stdout == "trained\n"
+    if sig:
+        assert done.stderr.splitlines() == [
+            f"train_cpu.py: error: stopped by {sig} after the run had ended; earlier "
+            "outputs are untouched"]
+    else:
+        assert done.stderr == ""
+
+
+def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
+    # the exit hook blocks both signals; one that came before it looked is said
+    exited = []
+    monkeypatch.setattr(exits, "_process", {**exits._process, "over": True, "main": object()})
+    monkeypatch.setattr(exits.os, "_exit", exited.append)
+    monkeypatch.setattr(exits.signal, "pthread_sigmask", lambda how, mask: set())
+    monkeypatch.setattr(exits.signal, "sigpending", lambda: {signal.SIGTERM})
+    exits._at_the_very_end()
+    assert exited == [143]
+    assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err

@@ -418,6 +418,12 @@ def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path, 
         _tpu_set_up(address, tmp_path)
 
 
+def test_a_tpu_at_an_ipv6_address_is_one_line_that_names_it(tmp_path):
+    with pytest.raises(UserError, match=r"^TensorFlow's TPUClusterResolver cannot take the "
+                                        r"IPv6 address grpc://\[::1\]:8470; give"):
+        train_tpu.main(["--tpu", "grpc://[::1]:8470", "--output-dir", str(tmp_path)])
+
+
 def _device_buffer_hook():
     """The module of TensorFlow's private per-device dataset hook."""
     from tensorflow.python.data.ops import multi_device_iterator_ops

@@ -228,7 +228,7 @@ cli.run_main(write_tfrecords.main, args)
 """
 
 
-# slow: the swap itself is stopped at each of its steps in tests/test_bad_input.py
+# slow: the swap itself is stopped at each of its steps in tests/test_outputs.py
 @pytest.mark.parametrize("how, status, said, holds", [
     ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
     pytest.param("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2,
@@ -357,6 +357,28 @@ def test_counts_that_disagree_with_the_metadata(folder):
     with pytest.raises(UserError, match="test-00001-of-00004.tfrecord holds 10 records, "
                                         "metadata.json says 11"):
         sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+
+
+def test_a_tfrecord_folder_that_is_a_file_or_a_shard_that_is_a_folder(tmp_path):
+    (tmp_path / "metadata.json").write_text("{}")
+    with pytest.raises(UserError, match="metadata.json is a file, not a folder"):
+        sources.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
+    (tmp_path / "shard").mkdir()
+    with pytest.raises(UserError, match="shard is a folder"):
+        tfrecords._verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
+
+
+def test_a_shard_swapped_for_another_of_the_same_size_is_refused(tmp_path):
+    images, labels = sources.SampleSource().examples("test")
+    tfrecord_writer.write_folder(str(tmp_path), {"train": (images[:40], labels[:40]),
+                                           "test": (images[:40], labels[:40])}, "mnist",
+                           origin="sample", origin_reason="a test", command=["test"], shards=4)
+    first, second = sorted(tmp_path.glob("test-*"))[:2]
+    assert first.stat().st_size == second.stat().st_size  # fixed-size records
+    first.write_bytes(second.read_bytes())  # the same size, count and shapes
+    with pytest.raises(UserError, match=rf"{first.name} is not the shard metadata.json lists "
+                                        r"\(its SHA-256 differs\)"):
+        sources.resolve_source("tfrecord", "mnist", str(tmp_path))
 
 
 def test_training_on_a_truncated_shard_is_one_line_and_keeps_earlier_outputs(

@@ -1,4 +1,9 @@
-"""train_cpu.py end to end on a tiny run, and what it does with bad input."""
+"""train_cpu.py end to end on a tiny run, and what it does with bad input.
+
+Bad input: the flags (sizes that would take the machine down, numbers in forms no one
+types, folder flags that are empty or name what is not a folder), a batch larger than
+the data and a diverged run: each one line, nothing written.
+"""
 import json
 import os
 import subprocess
@@ -9,7 +14,8 @@ import numpy as np
 import pytest
 
 import train_cpu
-from pyimagesearch import outputs
+from conftest import earlier_outputs, output_files, outputs_name
+from pyimagesearch import cli, outputs
 from pyimagesearch.base.errors import UserError
 from pyimagesearch.datasets import sources
 from pyimagesearch.base import files
@@ -113,6 +119,97 @@ def test_unwritable_output_folder_gives_one_line(in_process, tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write to output folder" in lines[0], result.stderr
+
+
+# one epoch of TINY's 3 steps: bad input refused before or during its first epoch
+ONE_EPOCH = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
+             "--data-source", "sample"]
+
+
+def test_a_diverged_run_stops_before_writing(tmp_path):
+    args = ONE_EPOCH + ["--learning-rate", "1e300", "--output-dir", str(tmp_path / "out")]
+    names = output_files(outputs_name("cpu", args))  # what the run would replace
+    earlier_outputs(tmp_path / "out", names)
+    with pytest.raises(UserError, match="training diverged.*lower --learning-rate"):
+        train_cpu.main(args)
+    assert all((tmp_path / "out" / name).read_text() == f"earlier {name}" for name in names)
+
+
+def test_a_batch_larger_than_the_data_is_refused_before_training(tmp_path):
+    with pytest.raises(UserError, match="100,000,000 images is more than the 4,500"):
+        train_cpu.main(["--batch-size", "100000000", "--steps-per-epoch", "1",
+                        "--data-source", "sample", "--output-dir", str(tmp_path)])
+
+
+def test_the_largest_accepted_sizes_parse():
+    args = cli.build_parser("gpu", "").parse_args(
+        ["--epochs", "100000", "--steps-per-epoch", "1000000", "--startup-timeout", "86400",
+         "--rehearse", "64"])
+    assert (args.epochs, args.steps_per_epoch, args.startup_timeout, args.rehearse) == (
+        100_000, 1_000_000, 86_400.0, 64)
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--backup-dir", "--logdir", "--data-dir"])
+def test_an_empty_folder_flag_is_one_line(flag, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=f"^{flag} is empty"):
+        train_cpu.main(ONE_EPOCH + [flag, ""])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--rehearse", "65"], "must be at most 64"), (["--rehearse", "0"], "must be at least 1"),
+    (["--startup-timeout", "0"], "finite number above 0"),
+    (["--startup-timeout", "86401"], "must be at most 86400 (a day)"),
+    (["--epochs", "100001"], "must be at most 100000"),
+    (["--epochs", "100000000000000000000"], "must be at most 100000"),
+    (["--steps-per-epoch", "1000001"], "must be at most 1000000"),
+    (["--learning-rate", "-0.01"], "must be a finite number above 0, got -0.01"),
+    (["--learning-rate", "nan"], "must be a finite number above 0, got nan")])
+def test_sizes_that_take_the_machine_down_are_flag_errors(flags, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser("gpu", "").parse_args(flags)
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--epochs", "1_0"], "--epochs: expected an integer, got '1_0'"),
+    (["--seed", "\u0663"], "--seed: expected an integer, got '\u0663'"),
+    (["--learning-rate", "1_0"], "--learning-rate: expected a number, got '1_0'"),
+    (["--profile-steps", "1,\u0663"], "--profile-steps: expected two steps A,B"),
+    (["--batch-size", "\uff11"], "--batch-size: expected an integer")])  # a full-width 1
+def test_numbers_in_forms_no_one_types_are_refused(flags, complaint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser("cpu", "").parse_args(flags)
+    assert stop.value.code == 2 and complaint in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, kind", [("--output-dir", "output folder"),
+                                        ("--backup-dir", "--backup-dir folder"),
+                                        ("--logdir", "--logdir folder")])
+@pytest.mark.parametrize("blocker", ["a file", "a named pipe", "a dangling link",
+                                     "a loop of links"])
+def test_a_folder_flag_on_what_is_not_a_folder_is_one_line_naming_the_flag(tmp_path, flag,
+                                                                          kind, blocker):
+    path = tmp_path / "in-the-way"
+    if blocker == "a file":
+        path.write_text("kept")
+    elif blocker == "a named pipe":
+        os.mkfifo(path)
+    elif blocker == "a dangling link":
+        path.symlink_to(tmp_path / "gone")
+    else:
+        path.symlink_to(tmp_path / "back")
+        (tmp_path / "back").symlink_to(path)
+    flags = {"--output-dir": str(tmp_path / "out"), flag: str(path)}
+    with pytest.raises(UserError, match=rf"^cannot write to {kind} {path}: ") as refused:
+        cli.parse_args("cpu", "", [arg for pair in flags.items() for arg in pair])
+    if blocker == "a dangling link":
+        assert f"symbolic link to {tmp_path / 'gone'}, which does not exist" in str(refused.value)
+    assert not (tmp_path / "gone").exists()  # nothing made where the link points
+    if blocker == "a file":
+        assert path.read_text() == "kept"
+
 
 
 @pytest.mark.parametrize("source", ["sample", "auto"])
