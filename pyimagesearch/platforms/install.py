@@ -169,7 +169,7 @@ def pip_index(listing):
 
 
 def _probe_index():
-    """How pip's package index answers (training/network.py's probe); ANSWERS if it is local."""
+    """How pip's package index answers (base/network.py's probe); ANSWERS if it is local."""
     from pyimagesearch.base import network
 
     listing = subprocess.run((sys.executable, "-m", "pip", "config", "list"),
