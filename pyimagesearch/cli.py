@@ -27,7 +27,7 @@ from pyimagesearch.training.exits import note_run, run_main  # noqa: F401  (the 
 from pyimagesearch.training.flags import (MAX_SEED, OneLineParser, bounded_int,  # noqa: F401
                                           non_negative_int, positive_float, positive_int,
                                           seed, step_range)
-from pyimagesearch.training.settings import (Settings, figure_path, put_config_back,  # noqa: F401
+from pyimagesearch.training.settings import (Settings, figure_path, put_config_back,
                                              set_config, written)
 from pyimagesearch.training.precision import PRECISIONS
 

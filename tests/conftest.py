@@ -104,12 +104,12 @@ def config_as_written(monkeypatch):
     """After each test, config.py's values as they were: a run's flags set them in place.
 
     It asks for monkeypatch, so it ends first: a test's own patch of config
-    is undone after the run's values are put back (cli.put_config_back).
+    is undone after the run's values are put back (settings.put_config_back).
     """
     yield
-    from pyimagesearch import cli
+    from pyimagesearch.training import settings
 
-    cli.put_config_back()
+    settings.put_config_back()
 
 
 @pytest.fixture
