@@ -492,19 +492,19 @@ def test_an_estimate_scales_the_one_core_time_to_the_epochs_and_colab(tmp_path):
         "seconds": 100, "epoch_seconds": [30, 20, 20]}}}))
     cpu = driver.Run("cpu", ("train_cpu.py", "--epochs", "5"))
     # 100 s for 3 epochs, 60 of them before the later epochs: 60 + 4 x 20 = 140, x 1.5
-    assert records.estimate(cpu, CPU_HOST, tmp_path).startswith(
+    assert records.estimate(cpu, tmp_path).startswith(
         "cpu: about 3.5 min on Colab's free CPU for 5 epoch(s) (timed on one core here, "
         "100 s for 3 epoch(s), x 1.50")
     one = driver.Run("cpu", ("train_cpu.py", "--epochs=1", "--batch-size", "64"))
-    assert records.estimate(one, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
-    assert records.estimate(one, CPU_HOST, tmp_path).endswith("its other flags may change that")
+    assert records.estimate(one, tmp_path).startswith("cpu: about 1.5 min")
+    assert records.estimate(one, tmp_path).endswith("its other flags may change that")
     # TRAIN_FLAGS come after the notebook's --epochs: the script trains the last one given
     again = driver.Run("cpu", ("train_cpu.py", "--epochs", "5", "--epochs=1"))
-    assert records.estimate(again, CPU_HOST, tmp_path).startswith("cpu: about 1.5 min")
+    assert records.estimate(again, tmp_path).startswith("cpu: about 1.5 min")
     rehearsal = driver.Run("tpu_rehearsal", ("train_tpu.py", "--rehearse", "8"))
-    assert "no measurement of it" in records.estimate(rehearsal, CPU_HOST, tmp_path)
+    assert "no measurement of it" in records.estimate(rehearsal, tmp_path)
     tpu = driver.Run("tpu", ("train_tpu.py", "--epochs", "2"))
-    assert records.estimate(tpu, Host("colab", 0, 1, "v5e"), tmp_path).startswith(
+    assert records.estimate(tpu, tmp_path).startswith(
         "tpu: the article's 8 TPU cores trained 2 epoch(s) of this in about 10 s")
 
 

@@ -5,7 +5,7 @@ would hold the card's memory, and on a TPU it would hold the chips, that the
 training scripts need. So the kernel only reads the machine (host.py),
 installs what the runtime lacks (install.py), picks a folder that outlives
 the runtime, runs the scripts as processes (`run_script`) and shows what
-they wrote (tables.py), and the code they run (listings.py).
+they wrote (records.py), and the code they run (listings.py).
 
 A failure stops the notebook with one line (`NotebookStop`): the script's
 own line where a script failed. Rerunning a cell is safe: every step checks

@@ -166,7 +166,7 @@ def _duration(seconds):
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def estimate(run, host, repo="."):
+def estimate(run, repo="."):
     """One line: about how long `run` will take on this runtime, and what the figure rests on.
 
     On a CPU: the committed one-core measurement (tools/time_notebook.py),
