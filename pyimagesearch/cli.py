@@ -294,11 +294,11 @@ def read_cluster(device):
     """This process's place in the cluster TF_CONFIG describes; None when it trains alone.
 
     Only train_gpu.py trains across machines; an evaluator task has nothing
-    to do, since validation runs inside training. Without TF_CONFIG or a
-    JobSet's variables, the cluster module is not even loaded.
+    to do, since validation runs inside training. With neither TF_CONFIG
+    nor a JobSet's name in the environment, the cluster module is not even
+    loaded; anything else, an empty TF_CONFIG included, is read_tf_config's.
     """
-    if not os.environ.get("TF_CONFIG", "").strip() and not os.environ.get("JOBSET_NAME"):
-        os.environ.pop("TF_CONFIG", None)  # an empty one: TensorFlow would fail to parse it
+    if "TF_CONFIG" not in os.environ and "JOBSET_NAME" not in os.environ:
         return None
     from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
 
