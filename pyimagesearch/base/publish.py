@@ -27,7 +27,7 @@ import tensorflow as tf
 from pyimagesearch.base import signals
 from pyimagesearch.base.errors import UserError, first_line
 from pyimagesearch.base.files import (file_to_write, join, not_a_file, read_json,
-                                          running, scratch_folder, write_json)
+                                      running, scratch_folder, write_json)
 
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written

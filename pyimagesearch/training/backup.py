@@ -24,7 +24,7 @@ from pyimagesearch.training import preemption
 from pyimagesearch.training.cluster import check_workers_agree
 from pyimagesearch.base.errors import Preempted, UserError, first_line
 from pyimagesearch.base.files import (LOCK, join, read_json, scratch_folder, take_lock,
-                                          write_json)
+                                      write_json)
 from pyimagesearch.training.settings import default_settings, run_name
 from pyimagesearch.training.workarounds import stop_preemption_handler
 
