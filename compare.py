@@ -31,11 +31,12 @@ import re
 import statistics
 import sys
 
-from pyimagesearch.platforms import backend
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_dir  # noqa: E402
-from pyimagesearch.base.errors import UserError
+from pyimagesearch import runtime
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_dir  # noqa: E402
+from pyimagesearch.errors import UserError
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
 FIGURE_DPI = 100
@@ -286,7 +287,7 @@ def comparison_figure(runs, source):
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     from pyimagesearch.data import figure_digits
-    from pyimagesearch.datasets.sources import resolve_data_dir, resolve_source
+    from pyimagesearch.sources import resolve_data_dir, resolve_source
     from pyimagesearch.outputs import load_model
     from pyimagesearch.strategies import cpu_only
 

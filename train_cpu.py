@@ -9,8 +9,8 @@ README's table lists. Writes outputs/cpu.png, cpu.json (the run record) and
 cpu.keras.
 """
 # + Keras on TensorFlow, whatever KERAS_BACKEND says: its strategies run this
-from pyimagesearch.platforms import backend  # +
-backend.tensorflow()  # +
+from pyimagesearch import runtime  # +
+runtime.tensorflow()  # +
 
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
 # start-up notices off the terminal; the seed is fixed once the flags are read)
@@ -76,7 +76,7 @@ def main(argv=None):  # +
         # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
-            from pyimagesearch.training.loop import custom_loop  # + loaded for it only
+            from pyimagesearch.loop import custom_loop  # + loaded for it only
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first

@@ -11,8 +11,8 @@ the chief writes. Writes outputs/gpu.png, gpu.json (the run record) and
 gpu.keras; a rehearsal writes gpu_rehearsal.* instead.
 """
 # + Keras on TensorFlow, whatever KERAS_BACKEND says: its strategies run this
-from pyimagesearch.platforms import backend  # +
-backend.tensorflow()  # +
+from pyimagesearch import runtime  # +
+runtime.tensorflow()  # +
 
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
 # start-up notices off the terminal; the seed is fixed once the flags are read)
@@ -85,7 +85,7 @@ def main(argv=None):  # +
         # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom, and every cluster: loop.py
-            from pyimagesearch.training.loop import custom_loop  # + loaded for it only
+            from pyimagesearch.loop import custom_loop  # + loaded for it only
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first

@@ -11,7 +11,7 @@ tpu.json (the run record) and tpu.keras; a rehearsal tpu_rehearsal.*; on JAX, _j
 # + the route, before TensorFlow's import: Keras on JAX on a JAX TPU image (Colab,
 # + Kaggle), else TensorFlow, through its PJRT runtime on a v5e or v6e (docs/tpus.md)
 import sys  # +
-from pyimagesearch.platforms import tpu_runtime  # +
+from pyimagesearch import tpu_runtime  # +
 tpu_runtime.prepare(sys.argv[1:])  # +
 
 # import the necessary packages (pyimagesearch first: it keeps TensorFlow's
@@ -92,7 +92,7 @@ def main(argv=None):  # +
         # steps_per_execution and carry its iterator on from epoch to epoch)
         print("[INFO] training the autoencoder...")
         if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
-            from pyimagesearch.training.loop import custom_loop  # + loaded for it only
+            from pyimagesearch.loop import custom_loop  # + loaded for it only
             history = custom_loop(model, trainDs, valDs, plan, run)  # +
         else:  # +
             # + a run resumed in mid-epoch trains the rest of that epoch first

@@ -9,29 +9,98 @@
   `get_data` reads): global batch, steps, data source, precision;
 - `callbacks`: the callbacks the flags ask for (timer, backup, TensorBoard,
   profiler), with a backup's resume point;
-- `run_main` (training/exits.py): a wrong value, a lost peer or a signal
+- `run_main` (exits.py): a wrong value, a lost peer or a signal
   ends the run with one line on stderr and an exit status a scheduler
   understands (errors.py).
+- the flag types: a number is written the usual way or refused (`_parse`).
 """
 import argparse
 import dataclasses
+import functools
 import os
+import re
 
 from pyimagesearch import config
-from pyimagesearch.datasets.sources import SOURCES
-from pyimagesearch.base.errors import NothingToDo, UserError
-from pyimagesearch.base.files import check_output_dir
-# how a run ends: one line and an exit status a scheduler understands (training/exits.py)
-from pyimagesearch.training.exits import note_run, run_main  # noqa: F401  (the scripts')
-# the flag types and the one-line parser, shared with the tools (training/flags.py)
-from pyimagesearch.training.flags import (MAX_SEED, OneLineParser, bounded_int,  # noqa: F401
-                                          non_negative_int, positive_float, positive_int,
-                                          seed, step_range)
-from pyimagesearch.training.settings import (Settings, figure_path, put_config_back,
-                                             set_config, written)
-from pyimagesearch.training.precision import PRECISIONS
+from pyimagesearch.errors import EXIT_USER_ERROR, NothingToDo, OneLineParser, UserError  # noqa: F401
+from pyimagesearch.exits import note_run, run_main  # noqa: F401  (the scripts')
+from pyimagesearch.files import check_output_dir
+from pyimagesearch.plan import (PRECISIONS, Settings, figure_path, put_config_back, set_config,
+                                written)
+from pyimagesearch.sources import SOURCES
 
-EXIT_USER_ERROR = UserError.exit_status
+
+
+# what a person types: ASCII digits, a sign, a point, an exponent (int() and
+# float() also take "1_0" and other scripts' digits, such as "٣")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|nan)",
+                      re.IGNORECASE)
+
+
+def _parse(kind, text):
+    """int(text) or float(text), for text written the usual way only; ValueError else."""
+    if not (_INTEGER if kind is int else _DECIMAL).fullmatch(text.strip()):
+        raise ValueError(text)
+    return kind(text)
+
+
+def _number(kind, minimum, text):
+    """Parse `text` as `kind` and require it to be >= `minimum`."""
+    try:
+        value = _parse(kind, text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+    if not value >= minimum:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+    return value
+
+
+def bounded_int(minimum, maximum):
+    """A flag type: an integer from `minimum` to `maximum`."""
+    def parse(text):
+        value = _number(int, minimum, text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+MAX_SEED = 2**32 - 1  # NumPy's seed range, which keras.utils.set_random_seed uses
+seed = bounded_int(0, MAX_SEED)  # an integer seed NumPy accepts
+
+
+positive_int = functools.partial(_number, int, 1)
+non_negative_int = functools.partial(_number, int, 0)
+positive_int.__name__ = "positive integer"
+non_negative_int.__name__ = "non-negative integer"
+
+
+def step_range(text):
+    """'A,B': the first and last training step (counted from 1) to profile."""
+    first, comma, last = text.partition(",")
+    try:
+        first, last = _parse(int, first), _parse(int, last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two steps A,B, got {text!r}")
+    if not comma or not 1 <= first <= last:
+        raise argparse.ArgumentTypeError(f"expected steps 1 <= A <= B, got {text!r}")
+    return first, last
+
+
+def positive_float(text):
+    """A finite float > 0."""
+    try:
+        value = _parse(float, text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0.0 < value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
 OPTIMIZERS = ("adam", "sgd")
 LOOPS = ("fit", "custom")
 LR_SCALINGS = ("none", "sqrt", "linear")
@@ -189,14 +258,14 @@ def plan(device, args, strategy):
     sets the compute precision, before the model is built; in a cluster,
     checks that every worker runs the same settings on the same data.
     """
-    from pyimagesearch.datasets.sources import probe_network, resolve_data_dir, resolve_source
-    from pyimagesearch.training.plan import check_levers, plan_run
-    from pyimagesearch.training.precision import set_precision
+    from pyimagesearch.sources import probe_network, resolve_data_dir, resolve_source
+    from pyimagesearch.plan import check_levers, plan_run
+    from pyimagesearch.plan import set_precision
 
     settings = Settings.from_args(args)
     backend = getattr(strategy, "keras_backend", "tensorflow")
     if backend == "jax":
-        from pyimagesearch.training.data_parallel import refuse_levers
+        from pyimagesearch.jax_route import refuse_levers
         refuse_levers(settings)
     run = plan_run(device, settings, strategy.num_replicas_in_sync,
                    rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster,
@@ -207,8 +276,8 @@ def plan(device, args, strategy):
         check_tpu_node_paths(settings, node)
     print(run.describe())
     if args.cluster:
-        from pyimagesearch.training.cluster import check_workers_agree, shared_decision
-        from pyimagesearch.training.workarounds import preemption_handler_acts
+        from pyimagesearch.cluster import check_workers_agree, shared_decision
+        from pyimagesearch.workarounds import preemption_handler_acts
     network = None
     if args.cluster and settings.data_source in ("auto", "tfds"):
         # one probe, the chief's, for every worker: a slow worker's own would
@@ -282,7 +351,7 @@ def callbacks(plan):
     already: training resumes there.
     """
     from pyimagesearch.data import figure_digits
-    from pyimagesearch.training.callbacks import make_callbacks
+    from pyimagesearch.callbacks import make_callbacks
 
     run_callbacks = make_callbacks(plan, figure_digits(
         plan.source.examples(config.VALIDATION_FLAG)))
@@ -300,7 +369,7 @@ def read_cluster(device):
     """
     if "TF_CONFIG" not in os.environ and "JOBSET_NAME" not in os.environ:
         return None
-    from pyimagesearch.training.cluster import EVALUATOR, read_tf_config
+    from pyimagesearch.cluster import EVALUATOR, read_tf_config
 
     cluster = read_tf_config()
     if cluster is None:
@@ -334,7 +403,7 @@ def check_run_flags(settings, is_chief=True):
                              (settings.logdir, "--logdir folder")):
             if folder:
                 check_output_dir(folder, kind)
-        from pyimagesearch.base.publish import recover
+        from pyimagesearch.files import recover
 
         recover(settings.output_dir)  # what a run killed while it wrote its outputs left
 

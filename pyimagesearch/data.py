@@ -1,18 +1,18 @@
-"""The article's data pipeline: `get_data`, the batches every training script reads.
+"""`get_data`, the batches every training script reads (the article names it; it never prints it).
 
 Each split is decoded once, held in memory as uint8 and read through tf.data:
 shuffle, batch, convert a whole batch to float, prefetch; no Python runs per
 image. The digits come from MNIST through tensorflow_datasets, from the
 5,000-digit sample when MNIST cannot be had (offline), or from TFRecords:
-`pyimagesearch.datasets` holds those sources, the network probe that picks
-one, the TFRecord format and the per-replica slicing of the batches.
+`sources` holds those sources, `pipeline` the batching and the per-replica
+slicing, `tfrecords` the TFRecord format.
 """
 import numpy as np
 import tensorflow as tf
 
 from pyimagesearch import config
-from pyimagesearch.datasets.pipeline import Reading
-from pyimagesearch.datasets.sources import resolve_source
+from pyimagesearch.pipeline import Reading
+from pyimagesearch.sources import resolve_source
 
 
 def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,

@@ -3,7 +3,7 @@
 The scripts draw the figure; `RunOutputs` stages it with the run record
 (`run_record`) and the model in a local scratch folder (Matplotlib and Keras
 write local files), then copies them next to their destination under
-temporary names and renames them over the old ones (base/publish.py),
+temporary names and renames them over the old ones (files.py),
 all through `tf.io.gfile`, so the destination may be a local folder or a
 bucket (`gs://...`, or `ram://` in tests). The folder holds the old set or the
 new set at every moment, whatever stops the run: an error, a signal, a kill.
@@ -16,16 +16,15 @@ import sys
 import keras
 import tensorflow as tf
 
-from pyimagesearch import autoencoder, config, loss  # noqa: F401  (registered for load_model)
-from pyimagesearch.platforms.host import detect
-from pyimagesearch.base.files import join, scratch_folder, write_json
-from pyimagesearch.training.settings import flags_apart
-from pyimagesearch.base.publish import StagedOutputs, published
+# autoencoder, loss and plan (its optimizer): registered for load_model
+from pyimagesearch import autoencoder, config, loss  # noqa: F401
+from pyimagesearch.files import StagedOutputs, join, published, scratch_folder, write_json
+from pyimagesearch.plan import flags_apart
+from pyimagesearch.runtime import detect
+
 
 def load_model(path):
     """A model the scripts saved (`outputs/cpu.keras`), its classes registered by this import."""
-    from pyimagesearch.training import precision  # noqa: F401  (its optimizer, likewise)
-
     return keras.saving.load_model(path)
 
 
@@ -140,7 +139,7 @@ def run_record(plan, run, trained):
         "started_at": run.started.isoformat(timespec="seconds"),
     }
     if plan.backend == "jax":
-        from pyimagesearch.training.data_parallel import versions
+        from pyimagesearch.jax_route import versions
         record.update(versions())
     return record
 
@@ -216,6 +215,6 @@ def machine_info():
 
 def _communication(rehearsal):
     """How a cluster's all-reduces travel (loaded with the cluster module, for clusters only)."""
-    from pyimagesearch.training.cluster import collective_communication
+    from pyimagesearch.cluster import collective_communication
 
     return collective_communication(rehearsal).name

@@ -8,12 +8,12 @@ need around them, and the strategies that stand in for hardware:
 - `check_gpus`: no GPU, or a CUDA that will not load, is one line that
   gives TensorFlow's own cause;
 - `tpu_errors`: the article's four TPU calls inside it fail in one line
-  that gives TensorFlow's cause (training/tpu_lookup.py, loaded for a TPU
+  that gives TensorFlow's cause (tpu_lookup.py, loaded for a TPU
   only);
 - `rehearsal`: N logical CPU devices under MirroredStrategy, standing in
   for N GPUs or TPU cores;
 - `multi_worker`: MultiWorkerMirroredStrategy for one worker of a
-  TF_CONFIG cluster, after the other workers have started (training/cluster.py,
+  TF_CONFIG cluster, after the other workers have started (cluster.py,
   loaded for a cluster only);
 - `data_parallel`: Keras on JAX's DataParallel, for train_tpu.py on a JAX TPU image.
 
@@ -24,19 +24,12 @@ import re
 
 import tensorflow as tf
 
-from pyimagesearch.base.errors import UserError, first_line
-from pyimagesearch.base.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
-from pyimagesearch.training.workarounds import plain_device_buffers
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
 
 
 def cpu_only():
-    """Make TensorFlow ignore any GPU, so 'CPU' really means the CPU; plain input buffers.
-
-    The strategies' per-device input buffers on the CPU get no autotuning
-    (workarounds.plain_device_buffers): without that, rehearsal epochs
-    stalled, and every run logged a warning of TensorFlow's.
-    """
-    plain_device_buffers()
+    """Make TensorFlow ignore any GPU, so 'CPU' really means the CPU."""
     with native_stderr_quiet():  # a machine without a GPU logs a failed cuInit
         gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -121,9 +114,14 @@ def rehearsal(replicas):
     only slower. If the process already has at least that many logical CPUs
     (a test session, say), the first `replicas` of them are used.
     """
+    from pyimagesearch.workarounds import plain_device_buffers
+
     if replicas < 1:
         raise UserError(f"--rehearse needs at least 1 device, got {replicas}")
     cpu_only()
+    # per-device input buffers without autotuning: with it, rehearsal epochs
+    # stalled, and every run logged a warning of TensorFlow's (workarounds.py)
+    plain_device_buffers()
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -142,8 +140,8 @@ def rehearsal(replicas):
 
 def data_parallel(replicas=None):
     """Keras on JAX: DataParallel over the TPU's devices, or `replicas` JAX CPU devices that
-    rehearse it (training/data_parallel.py)."""
-    from pyimagesearch.training import data_parallel as jax_route
+    rehearse it (jax_route.py)."""
+    from pyimagesearch import jax_route
 
     cpu_only()  # TensorFlow only reads the data here: no GPU of its own, quietly
     return jax_route.strategy(replicas)
@@ -157,9 +155,9 @@ def tpu_errors(tpu=None):
         ...
 
     The lookup, its time limit and the one-line failures are
-    training/tpu_lookup.py's, loaded by the TPU scripts only.
+    tpu_lookup.py's, loaded by the TPU scripts only.
     """
-    from pyimagesearch.training.tpu_lookup import tpu_errors as around_tpu_set_up
+    from pyimagesearch.tpu_lookup import tpu_errors as around_tpu_set_up
 
     return around_tpu_set_up(tpu)
 
@@ -174,13 +172,14 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
     then inside the strategy; after `startup_timeout_s` seconds in either
     (None: for ever) it gives up with one line naming who is missing.
     """
-    from pyimagesearch.training.cluster import collective_communication, wait_for_peers
-    from pyimagesearch.training.workarounds import local_cpu_devices
+    from pyimagesearch.cluster import collective_communication, wait_for_peers
+    from pyimagesearch.workarounds import local_cpu_devices, plain_device_buffers
 
     wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
     filter_collective_noise()  # a lost peer is one line, not TensorFlow's gRPC errors too
     if rehearse:
         cpu_only()
+        plain_device_buffers()  # as in rehearsal()
         if rehearse > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
@@ -207,8 +206,8 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
 
 def _while_peers_start(build, cluster, timeout_s):
     """`build()`, which waits until every worker has started, for `timeout_s` at most."""
-    from pyimagesearch.training.cluster import gave_up_waiting, missing_peers
-    from pyimagesearch.training.workarounds import bound_cluster_start
+    from pyimagesearch.cluster import gave_up_waiting, missing_peers
+    from pyimagesearch.workarounds import bound_cluster_start
 
     if timeout_s is not None:
         bound_cluster_start(timeout_s)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import pytest  # noqa: E402
 
-from pyimagesearch.platforms import backend  # noqa: E402
+from pyimagesearch import runtime as backend  # noqa: E402
 
 # as the scripts' first call: quiet TensorFlow, the TPU left alone, and Keras on TensorFlow
 # (this session's; JAX's tests start processes of their own)
@@ -31,7 +31,7 @@ backend.tensorflow()
 import pyimagesearch.outputs  # noqa: E402,F401  (the classes keras.saving.load_model needs)
 import tensorflow as tf  # noqa: E402
 
-from pyimagesearch.base.terminal import native_stderr_quiet  # noqa: E402
+from pyimagesearch.terminal import native_stderr_quiet  # noqa: E402
 
 # a shell that starts the suite in the background (`cmd &` in a script) has it
 # ignore Ctrl-C, and so would every process it starts: the tests send SIGINT
@@ -58,7 +58,7 @@ def outputs_name(script_or_device, args=()):
     parses them, without the side effects of cli.parse_args.
     """
     from pyimagesearch import cli
-    from pyimagesearch.training.settings import Settings, run_name
+    from pyimagesearch.plan import Settings, run_name
 
     device = os.path.basename(str(script_or_device))
     device = device.removeprefix("train_").removesuffix(".py")
@@ -107,7 +107,7 @@ def config_as_written(monkeypatch):
     is undone after the run's values are put back (settings.put_config_back).
     """
     yield
-    from pyimagesearch.training import settings
+    from pyimagesearch import plan as settings
 
     settings.put_config_back()
 

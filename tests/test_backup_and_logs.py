@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import train_cpu
 from conftest import earlier_outputs, one_line, output_files, outputs_name, outputs_state
 from pyimagesearch import outputs
-from pyimagesearch.base.errors import Preempted, UserError
+from pyimagesearch.errors import Preempted, UserError
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample"]
 # one epoch of 3 steps: the runs whose backup is damaged, refused or left behind
@@ -190,7 +190,7 @@ def test_a_backup_is_not_resumed_under_another_seed(left_backup):
 def _preempted_mid_epoch_2(tmp_path, monkeypatch, epochs, steps):
     """Train `epochs` of `steps` (two executions each) with a backup, stopped by SIGTERM
     after the first execution of epoch 2 (a stand-in for the signal); the run's flags."""
-    from pyimagesearch.training import preemption
+    from pyimagesearch import exits as preemption
 
     args = ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--batch-size", "32",
             "--data-source", "sample", "--backup-dir", str(tmp_path / "backup"),
@@ -308,7 +308,7 @@ def test_a_full_backup_disk_is_one_line_and_keeps_the_last_backup(tiny_disk, in_
     line = one_line(in_process("train_cpu.py", *args))
     assert f"cannot save the backup in {disk / 'backup'}" in line
     assert "No space left on device" in line and "earlier outputs are untouched" in line
-    from pyimagesearch.training.backup import saved_checkpoint
+    from pyimagesearch.backup import saved_checkpoint
 
     step, _ = saved_checkpoint(str(disk / "backup"))
     assert step >= 1 and f"it holds the backup of {step:,} steps" in line  # what is there
@@ -428,7 +428,7 @@ def test_tensorboard_counts_epochs_from_1_as_the_log_does_and_a_rerun_starts_afr
 def test_a_second_attempt_within_the_same_second_gets_a_folder_of_its_own(tmp_path):
     import datetime
 
-    from pyimagesearch.training.callbacks import attempt_logdir
+    from pyimagesearch.callbacks import attempt_logdir
 
     now = datetime.datetime(2026, 12, 3, 12, 0, 0)
     first = attempt_logdir(str(tmp_path), "cpu", now)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import compare
-from pyimagesearch.base.errors import UserError
+from pyimagesearch.errors import UserError
 
 
 def test_compare_builds_table_and_figure(tiny_runs, tmp_path, capsys):
@@ -138,11 +138,11 @@ def test_compare_on_a_folder_that_is_not_there_says_where_it_looked(tmp_path, mo
 
 
 def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):
-    # the benchmarks' --json: written beside, then swapped in (base/publish.py)
+    # the benchmarks' --json: written beside, then swapped in (files.py)
     import tensorflow as tf
 
-    from pyimagesearch.base import publish
-    from pyimagesearch.base.errors import UserError
+    from pyimagesearch import files as publish
+    from pyimagesearch.errors import UserError
 
     target = tmp_path / "result.json"
     target.write_text('{"old": true}\n')
@@ -166,9 +166,9 @@ def test_a_json_output_is_the_old_file_or_the_new_whole(tmp_path, monkeypatch):
 def test_a_json_output_follows_a_link_and_refuses_a_pipe(tmp_path):
     # --json link.json writes the link's target and keeps the link; a pipe or a
     # device (--json /dev/full) is refused before the run, and left as it is
-    from pyimagesearch.base.files import check_output_file
-    from pyimagesearch.base import publish
-    from pyimagesearch.base.errors import UserError
+    from pyimagesearch.files import check_output_file
+    from pyimagesearch import files as publish
+    from pyimagesearch.errors import UserError
 
     link = tmp_path / "link.json"
     link.symlink_to(tmp_path / "records" / "result.json")  # dangling: no folder yet
@@ -192,13 +192,13 @@ def _record(device, flags=(), runtime="cpu", rehearse=None, started="2026-12-03T
             epochs=2):
     """(name, run record) of a run of train_<device>.py FLAGS, as it would be written.
 
-    The name comes from the real flags and plan (training/plan.py); the numbers are made
+    The name comes from the real flags and plan (plan.py); the numbers are made
     up: nothing trains. `runtime` is what the machine has (a stand-in for a GPU or TPU
     runtime's), `rehearse` the logical devices of --rehearse.
     """
     from pyimagesearch import cli
-    from pyimagesearch.training.plan import plan_run
-    from pyimagesearch.training.settings import Settings, flags_apart
+    from pyimagesearch.plan import plan_run
+    from pyimagesearch.plan import Settings, flags_apart
 
     args = cli.build_parser(device, "").parse_args(list(flags))
     settings = Settings.from_args(args)
@@ -273,7 +273,7 @@ def test_a_cpu_then_gpu_then_tpu_session_keeps_every_run_apart(tmp_path, capsys)
 
 
 def test_run_names_are_stable_safe_and_keep_the_articles_for_the_defaults():
-    from pyimagesearch.training.settings import Settings, run_name
+    from pyimagesearch.plan import Settings, run_name
 
     assert run_name("cpu", Settings(), runtime="cpu") == "cpu"
     assert run_name("tpu", Settings(batch_size=1024), True, "cpu") == "tpu_rehearsal"

@@ -11,7 +11,7 @@ import pytest
 import benchmark_pipeline
 import prepare_mnist
 from pyimagesearch import config
-from pyimagesearch.base.errors import UserError
+from pyimagesearch.errors import UserError
 
 SETUPS = {"article-style", "efficient pipeline", "train_cpu.py"}
 KEYS = {"seconds", "median_seconds", "speedup_over_article_style", "steps", "trials",

@@ -21,10 +21,10 @@ import pytest
 import train_cpu
 import train_gpu
 from conftest import output_files, outputs_name
-from pyimagesearch.training import cluster as cluster_module
-from pyimagesearch.training import workarounds
-from pyimagesearch.training.cluster import Cluster, read_tf_config, wait_for_peers
-from pyimagesearch.base.errors import PeerLost, UserError
+from pyimagesearch import cluster as cluster_module
+from pyimagesearch import workarounds
+from pyimagesearch.cluster import Cluster, read_tf_config, wait_for_peers
+from pyimagesearch.errors import PeerLost, UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -378,7 +378,7 @@ def _pod(index, **more):
 
 
 def test_a_jobset_pod_builds_the_tf_config_of_its_index():
-    from pyimagesearch.platforms import jobset
+    from pyimagesearch import cluster as jobset
 
     built = [json.loads(jobset.tf_config(_pod(i))) for i in range(2)]
     hosts = ["autoencoder-worker-0-0.autoencoder:2222", "autoencoder-worker-0-1.autoencoder:2222"]
@@ -402,7 +402,7 @@ def test_a_jobset_pod_builds_the_tf_config_of_its_index():
 
 @pytest.mark.parametrize("replicas, workers", [(2, 1), (2, 2), (3, 2)])
 def test_the_pods_of_every_replica_form_one_cluster(replicas, workers):
-    from pyimagesearch.platforms import jobset
+    from pyimagesearch import cluster as jobset
 
     built = {(job, pod): json.loads(jobset.tf_config(_pod(
         pod, REPLICAS=str(replicas), WORKERS=str(workers), JOB_INDEX=str(job))))
@@ -513,7 +513,7 @@ train_gpu.py: error: worker 1 lost a peer of its 2-worker cluster and stopped
 # run_main's os._exit path, "abort" in a crash (its filter must still pass the last words)
 FILTERED = r"""
 import os, sys
-from pyimagesearch.base import terminal
+from pyimagesearch import terminal
 terminal.filter_collective_noise()
 os.write(2, os.environ["NOISE"].encode())
 os.write(2, os.environ["KEPT"].encode())

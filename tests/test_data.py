@@ -11,9 +11,9 @@ import tensorflow_datasets as tfds
 import train_cpu
 from pyimagesearch import config, data
 
-from pyimagesearch.datasets import sources
-from pyimagesearch.datasets.pipeline import Reading, make_pipeline
-from pyimagesearch.base.errors import UserError
+from pyimagesearch import sources
+from pyimagesearch.pipeline import Reading, make_pipeline
+from pyimagesearch.errors import UserError
 
 # the network probe's answers, as resolve_source gets them
 SILENT = {"verdict": sources.SILENT, "via": "storage.googleapis.com:443"}

@@ -13,9 +13,9 @@ import train_cpu
 import train_gpu
 import train_tpu
 from pyimagesearch import cli, config, data
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.datasets.sources import SampleSource
-from pyimagesearch.training.plan import Settings, plan_run, scaled_learning_rate
+from pyimagesearch.errors import UserError
+from pyimagesearch.sources import SampleSource
+from pyimagesearch.plan import Settings, plan_run, scaled_learning_rate
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]

@@ -1,6 +1,6 @@
 """Guards that only slow tests, or none, held: each is broken on purpose in issue 34's mutation run.
 
-- what runs before argparse (platforms/tpu_runtime.py) reads the flags as
+- what runs before argparse (tpu_runtime.py) reads the flags as
   argparse will, in every form argparse takes ('--device=tpu', a flag given
   twice), and argparse takes no abbreviation that the pre-parse would miss;
 - KERAS_BACKEND=jax is set aside for TensorFlow, not only said to be;
@@ -23,9 +23,7 @@ import pytest
 
 import launch_workers
 import matmul_benchmark
-from pyimagesearch import cli
-from pyimagesearch.platforms import tpu_runtime
-from pyimagesearch.training import exits
+from pyimagesearch import cli, exits, tpu_runtime
 from test_launcher import _wait_gone, reap  # noqa: F401  (reap: a fixture)
 from test_platforms import HELD_OFF, _at_tensorflow_import, _pjrt, _stand_ins
 
@@ -122,9 +120,9 @@ def test_an_abbreviated_flag_is_refused_in_one_line(monkeypatch, capsys, call, a
 IMPORT_CHANGES = r"""
 import json, os, sys
 before = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
-import pyimagesearch, pyimagesearch.platforms.notebook, pyimagesearch.platforms.install  # noqa
-import pyimagesearch.platforms.listings, pyimagesearch.platforms.records  # noqa
-import pyimagesearch.platforms.backend, pyimagesearch.platforms.startup  # noqa
+import pyimagesearch, pyimagesearch.notebook, pyimagesearch.notebook.install  # noqa
+import pyimagesearch.notebook.listings, pyimagesearch.notebook.records  # noqa
+import pyimagesearch.runtime, pyimagesearch.runtime  # noqa
 after = (dict(os.environ), len(sys.meta_path), sorted(os.listdir("/proc/self/fd")))
 print(json.dumps({"same": before == after, "tensorflow": "tensorflow" in sys.modules}))
 """
@@ -132,7 +130,7 @@ print(json.dumps({"same": before == after, "tensorflow": "tensorflow" in sys.mod
 
 def test_importing_the_package_changes_nothing(repo):
     # no environment variable, no import hook, no file descriptor, no TensorFlow:
-    # the scripts' first call does what a process needs (platforms/startup.py)
+    # the scripts' first call does what a process needs (runtime.py)
     done = subprocess.run([sys.executable, "-c", IMPORT_CHANGES], cwd=repo,
                           capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items()
@@ -152,7 +150,7 @@ def test_importing_the_package_leaves_keras_backend_as_it_is(repo):
 
 
 def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once():
-    from pyimagesearch.platforms import backend
+    from pyimagesearch import runtime as backend
 
     environ = {"KERAS_BACKEND": "jax"}
     with contextlib.redirect_stderr(io.StringIO()) as said:
@@ -167,7 +165,7 @@ def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once():
 @pytest.fixture
 def sigterm_in_process(monkeypatch):
     """cli.run_main here, its os._exit a SystemExit; this process's state as it was after."""
-    from pyimagesearch.base import publish
+    from pyimagesearch import files as publish
 
     monkeypatch.setattr(exits, "_process", dict(exits._process))
     monkeypatch.setattr(publish, "published", [])
@@ -184,7 +182,7 @@ def sigterm_in_process(monkeypatch):
 
 def _training(out, write, then=None):
     """A training script's main() (its flags parsed): writes its outputs if `write`, then `then`."""
-    from pyimagesearch.base.publish import StagedOutputs
+    from pyimagesearch.files import StagedOutputs
 
     def main(argv):
         cli.parse_args("cpu", "", ["--output-dir", str(out)])  # --backup-dir could resume it
@@ -270,7 +268,7 @@ def test_a_signalled_launcher_ends_each_workers_children_too(repo, reap, sig):
 # prints to both streams, reads stdin, and records how fds 0-2 are open
 STREAMS = """
 import json, os, sys
-from pyimagesearch.platforms import startup
+from pyimagesearch import runtime as startup
 startup.process()  # as every script's first call does
 modes = {}
 for fd in (0, 1, 2):

@@ -16,9 +16,10 @@ import sys
 
 import pytest
 
-from pyimagesearch.platforms import install, notebook
-from pyimagesearch.platforms.host import Host
-from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT
+from pyimagesearch.notebook import install
+from pyimagesearch import notebook
+from pyimagesearch.runtime import Host
+from pyimagesearch.runtime import ANSWERS, REFUSED, SILENT
 
 COLAB_CPU, COLAB_GPU, COLAB_TPU = Host("colab", 0, 0, ""), Host("colab", 1, 0, ""), \
     Host("colab", 0, 1, "v5e")

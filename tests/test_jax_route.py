@@ -12,11 +12,12 @@ import sys
 import pytest
 
 from conftest import REPO, output_files, outputs_name
-from pyimagesearch.platforms import backend, tpu_runtime
-from pyimagesearch.platforms.host import Host
-from pyimagesearch.training import data_parallel
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.training.plan import Settings
+from pyimagesearch import runtime as backend
+from pyimagesearch import tpu_runtime
+from pyimagesearch.runtime import Host
+from pyimagesearch import jax_route as data_parallel
+from pyimagesearch.errors import UserError
+from pyimagesearch.plan import Settings
 
 pytest.importorskip("jax")  # requirements-dev.txt installs it
 
@@ -201,7 +202,7 @@ def test_a_keras_backend_neither_route_takes_is_one_line_and_status_2(repo):
 
 
 def test_the_run_names_keep_jax_apart():
-    from pyimagesearch.training.settings import run_name
+    from pyimagesearch.plan import run_name
 
     tf_name = run_name("tpu", Settings(batch_size=1024), True, "cpu")
     jax_name = run_name("tpu", Settings(batch_size=1024), True, "cpu", "jax")

@@ -7,8 +7,7 @@ argument by argument (through `ast`), what is left of each script once its
 the tests never read the article), every difference a row of the README's
 departures table; count, by wrapping them before a script runs, that
 `get_data`, `Model.fit` and `Model.predict` are what it trains and predicts
-with; and hold the package to the article's shape, with its imports running
-downwards only.
+with. The package's shape: tests/test_package.py.
 """
 import ast
 import copy
@@ -20,7 +19,7 @@ import tokenize
 
 import pytest
 
-from pyimagesearch.platforms.listings import marked_lines  # the one reader of "# +"
+from pyimagesearch.notebook.listings import marked_lines  # the one reader of "# +"
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pyimagesearch"
@@ -34,8 +33,6 @@ STRATEGY = {
     "train_gpu.py": ["MirroredStrategy("],
     "train_cpu.py": ["get_strategy()"],
 }
-ARTICLE_MODULES = {"config", "data", "autoencoder", "loss"}
-MAX_MORE_MODULES = 3  # top-level modules the scripts call besides the article's
 
 
 def _code(path):
@@ -109,96 +106,6 @@ def test_a_real_run_trains_on_get_data_with_fit_and_predicts(tiny_runs, script):
     # train_tpu.py as rehearsals: `--rehearse 8` is the same code path)
     calls = tiny_runs.calls[script]
     assert calls["get_data"] >= 2 and calls["fit"] >= 1 and calls["predict"] >= 1, calls
-
-
-def test_the_package_top_level_is_the_articles_plus_three():
-    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
-    assert ARTICLE_MODULES <= top
-    assert len(top - ARTICLE_MODULES) <= MAX_MORE_MODULES, sorted(top - ARTICLE_MODULES)
-
-
-def test_get_data_opens_data_py():
-    source = (PACKAGE / "data.py").read_text()
-    definition = re.search(r"^def get_data\(", source, flags=re.MULTILINE)
-    assert definition and source[:definition.start()].count("\n") < 120
-
-
-def _imports(path):
-    """The pyimagesearch modules `path` imports, as dotted names."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-                "pyimagesearch"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names
-                         if alias.name.startswith("pyimagesearch"))
-    return found
-
-
-TOP_ABOVE_THE_SUBPACKAGES = ("pyimagesearch.data", "pyimagesearch.cli",
-                             "pyimagesearch.strategies", "pyimagesearch.outputs")
-
-
-@pytest.mark.parametrize("subpackage", ["datasets", "training", "platforms", "base"])
-def test_each_subpackage_says_what_it_holds(subpackage):
-    # a regular package, whose docstring names every module in it
-    init = PACKAGE / subpackage / "__init__.py"
-    assert init.is_file(), f"{subpackage}/ has no __init__.py"
-    said = ast.get_docstring(ast.parse(init.read_text())) or ""
-    missing = [path.stem for path in (PACKAGE / subpackage).glob("*.py")
-               if path.stem != "__init__" and f"`{path.stem}`" not in said]
-    assert missing == [], f"{subpackage}/__init__.py does not name {missing}"
-
-
-# the floors below the top: a subpackage imports its own floor's package and
-# those beneath it, never one beside it (datasets/ and training/) or above it
-FLOORS = {"base": 0, "platforms": 1, "datasets": 2, "training": 2}
-THE_MODEL = ("pyimagesearch.autoencoder", "pyimagesearch.loss")
-
-
-@pytest.mark.parametrize("subpackage", sorted(FLOORS))
-def test_no_import_runs_back_up_or_sideways(subpackage):
-    for path in (PACKAGE / subpackage).glob("*.py"):
-        imported = {name for name in _imports(path) if name != "pyimagesearch"}
-        upward = [name for name in imported if any(
-            name == top or name.startswith(top + ".") for top in TOP_ABOVE_THE_SUBPACKAGES)]
-        assert upward == [], f"{path.name} imports {upward}"
-        for name in imported:
-            parts = name.split(".")
-            if len(parts) > 2 and parts[1] in FLOORS and parts[1] != subpackage:
-                assert FLOORS[parts[1]] < FLOORS[subpackage], f"{path.name} imports {name}"
-        if subpackage == "base":
-            assert all(name.startswith("pyimagesearch.base") for name in imported), \
-                (path.name, imported)
-
-
-def test_only_the_model_loader_imports_the_model():
-    # below the scripts, the model is built by the scripts (and loop.py's
-    # loss) only; outputs.load_model registers its classes
-    for path in PACKAGE.rglob("*.py"):
-        if path.stem in ("outputs", "autoencoder", "loss", "loop"):
-            continue
-        assert not any(name.startswith(THE_MODEL) for name in _imports(path)), path
-
-
-def test_platforms_and_the_package_top_import_nothing_that_loads_tensorflow():
-    # a TPU v5e's runtime must be chosen before TensorFlow loads, and the
-    # notebook's kernel never loads it: what they import must not either
-    allowed = {"pyimagesearch.platforms", "pyimagesearch.base.terminal",
-               "pyimagesearch.base.errors"}
-    for path in [PACKAGE / "__init__.py", *(PACKAGE / "platforms").glob("*.py")]:
-        tree = ast.parse(path.read_text())
-        top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-        for node in top_level:
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""])
-            for name in names:
-                assert name.split(".")[0] not in ("tensorflow", "keras"), (path.name, name)
-                if name.startswith("pyimagesearch"):
-                    assert any(name == a or name.startswith(a + ".") for a in allowed), \
-                        (path.name, name)
 
 
 # --- the listing, statement by statement ------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.training.loop import fit_custom
+from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
 from pyimagesearch.strategies import rehearsal as rehearsal_strategy
 

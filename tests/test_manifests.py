@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from pyimagesearch import cli
-from pyimagesearch.platforms import jobset
+from pyimagesearch import cluster as jobset
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS = Path(__file__).resolve().parent / "data" / "crds"

@@ -17,8 +17,8 @@ import pytest
 
 import train_cpu
 from conftest import output_files, outputs_name
-from pyimagesearch.training.cluster import read_tf_config
-from pyimagesearch.base.errors import UserError
+from pyimagesearch.cluster import read_tf_config
+from pyimagesearch.errors import UserError
 
 ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
@@ -315,7 +315,7 @@ def test_workers_whose_facts_differ_are_stopped_with_one_line(monkeypatch, their
     # mutation that compared nothing passed every default test before this one)
     from tensorflow.python.eager import context
 
-    from pyimagesearch.training.cluster import check_workers_agree
+    from pyimagesearch.cluster import check_workers_agree
 
     cluster = read_tf_config(_config({"chief": ["a:1"], "worker": ["b:2"]},
                                      {"type": "chief", "index": 0}))
@@ -335,7 +335,7 @@ def test_the_chief_probes_the_network_once_and_every_worker_takes_its_answer(mon
     import tensorflow as tf
     from tensorflow.python.eager import context
 
-    from pyimagesearch.training.cluster import shared_decision
+    from pyimagesearch.cluster import shared_decision
 
     store = _StandInStore({})
     monkeypatch.setattr(context, "context", lambda: store)

@@ -324,9 +324,10 @@ def test_a_clone_that_fails_is_one_line_and_one_that_works_is_used(tmp_path, ker
 
 # --- what the notebook shows, without running it ----------------------------------------------
 
-from pyimagesearch.platforms import listings, records  # noqa: E402
-from pyimagesearch.platforms import notebook as driver  # noqa: E402
-from pyimagesearch.platforms.host import Host  # noqa: E402
+from pyimagesearch.notebook import listings  # noqa: E402
+from pyimagesearch.notebook import records
+from pyimagesearch import notebook as driver  # noqa: E402
+from pyimagesearch.runtime import Host  # noqa: E402
 
 CPU_HOST = Host("colab", 0, 0, "")
 SCRIPT = '''"""A script."""

@@ -3,10 +3,10 @@
 TensorFlow's in-memory filesystem (ram://) stands in for gs:// here: both go
 through the same tf.io.gfile calls.
 
-The swap of a staged set into place (base/publish.py) leaves the old set or
+The swap of a staged set into place (files.py) leaves the old set or
 the new one: a kill at any of its steps, which the next run makes whole, and
 SIGINT or SIGTERM at any of them, which wait for its end. A full disk (tiny
-tmpfs disks) and every write the system refuses are one line (training/exits.py)
+tmpfs disks) and every write the system refuses are one line (exits.py)
 that keeps the earlier outputs; scratch folders of killed processes are removed.
 """
 import errno
@@ -20,10 +20,9 @@ import tensorflow as tf
 
 import train_cpu
 from conftest import earlier_outputs, one_line, outputs_state
-from pyimagesearch import outputs
-from pyimagesearch.base import files
-from pyimagesearch.base.errors import Preempted, UserError
-from pyimagesearch.training import exits
+from pyimagesearch import files, outputs
+from pyimagesearch.errors import Preempted, UserError
+from pyimagesearch import exits
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]
@@ -161,7 +160,7 @@ def test_a_small_file_that_is_not_a_file_is_one_line_not_a_wait(tmp_path, kind):
     assert files.read_json(str(tmp_path / "absent.json"), advice="") is None
 
 
-# --- issue 22: nothing lost at the moment of writing (base/publish.py) ---------------
+# --- issue 22: nothing lost at the moment of writing (files.py) ---------------
 
 class _Killed(BaseException):
     """Stands in for SIGKILL: nothing after it runs, no handler, no undo."""
@@ -202,7 +201,7 @@ PUBLISH_STEPS = range(1, 15)
 @pytest.mark.parametrize("at", PUBLISH_STEPS)
 def test_a_kill_at_any_step_of_the_publish_leaves_what_the_next_run_makes_whole(
         tmp_path, monkeypatch, capsys, at):
-    from pyimagesearch.base import publish
+    from pyimagesearch import files as publish
 
     out = tmp_path / "out"
     earlier_outputs(out, NAMES)
@@ -241,8 +240,8 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
                                                                    at, sig, stop):
     import signal
 
-    from pyimagesearch.base import publish
-    from pyimagesearch.training import preemption
+    from pyimagesearch import files as publish
+    from pyimagesearch import exits as preemption
 
     out = tmp_path / "out"
     earlier_outputs(out, NAMES)
@@ -277,7 +276,7 @@ sys.argv = ["train_cpu.py", *args]
 import tensorflow as tf
 import train_cpu
 from pyimagesearch import cli
-from pyimagesearch.base import publish as publishing
+from pyimagesearch import files as publishing
 
 real_publish, real_rename = publishing.publish, tf.io.gfile.rename
 
@@ -388,7 +387,7 @@ def test_a_full_scratch_folder_is_one_line(tiny_disk, in_process, tmp_path, monk
 def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from pyimagesearch.base.files import scratch_folder
+    from pyimagesearch.files import scratch_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = tmp_path / "pyimagesearch-ckpt-4194305-abc"  # above Linux's pid limit
@@ -415,7 +414,7 @@ def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
      "the system refused to write /tmp/logs/cpu/train/events.out.tfevents.1 (File too large)"),
 ])
 def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
-    from pyimagesearch.base import publish
+    from pyimagesearch import files as publish
 
     monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
     said = exits._write_refused(error)

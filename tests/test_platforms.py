@@ -11,9 +11,11 @@ import textwrap
 
 import pytest
 
-from pyimagesearch.platforms import backend
-from pyimagesearch.platforms import host as hosts
-from pyimagesearch.platforms import notebook, records, tpu_runtime
+from pyimagesearch import runtime as backend
+from pyimagesearch import runtime as hosts
+from pyimagesearch import notebook
+from pyimagesearch.notebook import records
+from pyimagesearch import tpu_runtime
 
 
 @pytest.fixture(autouse=True)
@@ -559,6 +561,6 @@ def test_the_notebook_takes_the_jax_route_where_train_tpu_does(installed, route)
     tpu = hosts.Host("colab", 0, 1, "v5e")
     assert notebook.jax_route(tpu, installed.get) is route
     assert notebook.jax_route(hosts.Host("colab", 0, 0, ""), installed.get) is False
-    # the same rule as the script's own (platforms/backend.py)
+    # the same rule as the script's own (runtime.py)
     chosen = backend.tpu_route({}, tpu, "jax" in installed, "tensorflow-tpu" in installed)
     assert (chosen == "jax") is route

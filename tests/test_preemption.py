@@ -19,8 +19,8 @@ import pytest
 
 import train_cpu
 from conftest import output_files, outputs_name
-from pyimagesearch.base.errors import Preempted
-from pyimagesearch.training import exits
+from pyimagesearch.errors import Preempted
+from pyimagesearch import exits
 
 SHORT = ["--steps-per-epoch", "60", "--batch-size", "64", "--data-source", "sample",
          "--epochs", "4"]
@@ -159,7 +159,7 @@ def test_sigterm_whose_exception_a_library_wraps_or_drops_still_stops_with_143(
 
 def test_a_later_run_in_the_same_interpreter_forgets_an_earlier_sigterm(monkeypatch, capsys):
     from pyimagesearch import cli
-    from pyimagesearch.training import preemption
+    from pyimagesearch import exits as preemption
 
     monkeypatch.setattr(preemption, "_terminated", __import__("threading").Event())
     preemption._terminated.set()  # an earlier run in this interpreter was stopped
@@ -194,7 +194,7 @@ def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
 # end (`cli.run_main(main)` is their last line), with a main() that writes nothing
 ENDED_RUN = r"""
 import os, signal, sys
-from pyimagesearch.platforms import backend
+from pyimagesearch import runtime as backend
 backend.tensorflow()  # as every script's first call does
 from pyimagesearch import cli
 sys.argv = ["train_cpu.py"]

@@ -15,9 +15,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 import prepare_mnist
-from pyimagesearch import config
-from pyimagesearch.datasets import sources
-from pyimagesearch.base.errors import UserError
+from pyimagesearch import config, sources
+from pyimagesearch.errors import UserError
 
 TRAIN, TEST = 60, 10  # images per split: small, so tfds writes them in a second
 NAMES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",

@@ -14,10 +14,10 @@ import compare
 import train_cpu
 import train_gpu
 from pyimagesearch.autoencoder import AutoEncoder
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.training.loop import fit_custom
+from pyimagesearch.errors import UserError
+from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.training.precision import set_precision, with_loss_scaling
+from pyimagesearch.plan import set_precision, with_loss_scaling
 
 SHORT = ["--epochs", "2", "--steps-per-epoch", "60", "--batch-size", "64",
          "--data-source", "sample"]

@@ -15,12 +15,12 @@ import tensorflow as tf
 
 import train_tpu
 from pyimagesearch import strategies as strategy
-from pyimagesearch.training import tpu_lookup, workarounds
-from pyimagesearch.training import cluster as cluster_module
-from pyimagesearch.training.cluster import collective_communication
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.base import terminal
-from pyimagesearch.base.terminal import native_stderr_quiet
+from pyimagesearch import tpu_lookup, workarounds
+from pyimagesearch import cluster as cluster_module
+from pyimagesearch.cluster import collective_communication
+from pyimagesearch.errors import UserError
+from pyimagesearch import terminal
+from pyimagesearch.terminal import native_stderr_quiet
 
 NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
           "on N logical CPU devices")
@@ -238,7 +238,7 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_
 ])
 def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
         monkeypatch, no_tpu_env, tmp_path, prepared, runtime):
-    from pyimagesearch.platforms import tpu_runtime
+    from pyimagesearch import tpu_runtime
 
     monkeypatch.setattr(tpu_runtime, "prepared", prepared)
     _fake_resolver(monkeypatch, lambda tpu: None)
@@ -354,7 +354,7 @@ def _machine(root, device_file):
                                          "dev/accel0"])
 def test_a_tpu_vm_is_local_whatever_chip_device_it_shows(monkeypatch, no_tpu_env, tmp_path,
                                                           device_file):
-    from pyimagesearch.platforms import host
+    from pyimagesearch import runtime as host
 
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, device_file)))
     asked = []
@@ -364,7 +364,7 @@ def test_a_tpu_vm_is_local_whatever_chip_device_it_shows(monkeypatch, no_tpu_env
 
 
 def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_path):
-    from pyimagesearch.platforms import host
+    from pyimagesearch import runtime as host
 
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, "dev/vfio/vfio")))  # no chip
     asked = []
@@ -405,7 +405,7 @@ def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path, 
     import re
     import socket
 
-    from pyimagesearch.platforms import host
+    from pyimagesearch import runtime as host
 
     with socket.create_server(("127.0.0.1", 0)) as probe:
         closed = probe.getsockname()[1]
@@ -453,7 +453,7 @@ def test_the_preemption_handler_hooks_exist_in_this_tensorflow():
 
 
 def test_the_preemption_handler_is_for_clusters_only(tmp_path):
-    from pyimagesearch.training import preemption
+    from pyimagesearch import exits as preemption
 
     def never():
         raise AssertionError("not called")
@@ -464,7 +464,7 @@ def test_the_preemption_handler_is_for_clusters_only(tmp_path):
 
 def test_where_the_preemption_handler_does_nothing_workers_stop_alone(
         monkeypatch, tmp_path, capsys):
-    from pyimagesearch.training import preemption
+    from pyimagesearch import exits as preemption
 
     class Cluster:  # a multi-worker strategy's cluster, as far as the handler looks
         cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -634,7 +634,7 @@ def test_a_tpu_node_takes_buckets_and_the_sample_and_a_tpu_vm_takes_anything(tmp
     assert node == "grpc://10.0.0.2:8470"
     buckets = cli.parse_args("tpu", "", ["--backup-dir", "ram://b/backup", "--logdir",
                                          "ram://b/logs", "--data-source", "sample"])
-    from pyimagesearch.training.plan import Settings
+    from pyimagesearch.plan import Settings
 
     cli.check_tpu_node_paths(Settings.from_args(buckets), node)  # no complaint
     assert cli.tpu_node(_TpuNode("local")) is None  # a TPU VM: its own disk
@@ -642,8 +642,7 @@ def test_a_tpu_node_takes_buckets_and_the_sample_and_a_tpu_vm_takes_anything(tmp
 
 
 def test_a_tpu_node_refuses_mnist_prepared_on_this_machine(tmp_path, monkeypatch):
-    from pyimagesearch import cli
-    from pyimagesearch.datasets import sources
+    from pyimagesearch import cli, sources
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sources, "tfds_prepared", lambda name, data_dir: True)
@@ -660,8 +659,7 @@ def test_a_tpu_node_refuses_mnist_before_downloading_it_here(tmp_path, monkeypat
     # disk, which the Node's host cannot read; refused before any download
     import tensorflow_datasets as tfds
 
-    from pyimagesearch import cli
-    from pyimagesearch.datasets import sources
+    from pyimagesearch import cli, sources
 
     def no_download(*args, **kwargs):
         raise AssertionError("nothing may be downloaded for a TPU Node's local data dir")

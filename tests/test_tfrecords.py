@@ -14,11 +14,9 @@ import benchmark_pipeline
 import prepare_mnist
 import train_cpu
 import write_tfrecords
-from pyimagesearch import config, data
-from pyimagesearch.datasets import sources, tfrecords
-from pyimagesearch.datasets import tfrecord_writer
-from pyimagesearch.datasets.pipeline import Reading
-from pyimagesearch.base.errors import UserError
+from pyimagesearch import config, data, sources, tfrecord_writer, tfrecords
+from pyimagesearch.pipeline import Reading
+from pyimagesearch.errors import UserError
 
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 
@@ -206,8 +204,7 @@ STOPPED_WRITER = r"""
 import os, signal, sys
 import tensorflow as tf
 args, sys.argv = sys.argv[1:], ["write_tfrecords.py"]
-from pyimagesearch import cli
-from pyimagesearch.datasets import tfrecord_writer
+from pyimagesearch import cli, tfrecord_writer
 import write_tfrecords
 how = os.environ["HOW"]
 real_shard, real_rename, calls = tfrecord_writer._write_shard, tf.io.gfile.rename, []
@@ -251,7 +248,7 @@ def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_whic
     if said:
         assert len(errors) == 1 and said in errors[0] and "--backup-dir" not in errors[0]
     else:  # SIGKILLed mid-swap: what the next write does first makes the folder whole
-        from pyimagesearch.base.publish import recover
+        from pyimagesearch.files import recover
 
         recover(str(out))
     metadata = tfrecords.verify(str(out))  # every shard whole and as its metadata says
@@ -478,7 +475,7 @@ def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, sm
 def test_on_one_host_the_strategy_is_not_asked_to_shard_a_tfrecord_run(tmp_path, small):
     # its rewrite would only drop the batch count, with a warning in every run
     from pyimagesearch.strategies import rehearsal
-    from pyimagesearch.training.plan import Settings, plan_run
+    from pyimagesearch.plan import Settings, plan_run
 
     write(tmp_path, small, shards=2)
     source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))

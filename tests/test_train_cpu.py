@@ -16,9 +16,8 @@ import pytest
 import train_cpu
 from conftest import earlier_outputs, output_files, outputs_name
 from pyimagesearch import cli, outputs
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.datasets import sources
-from pyimagesearch.base import files
+from pyimagesearch.errors import UserError
+from pyimagesearch import files, sources
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "32",
         "--data-source", "sample"]
@@ -51,7 +50,7 @@ def test_tiny_run_writes_figure_record_and_loadable_model(tmp_path):
 
 
 def test_default_epoch_keeps_the_article_length():
-    from pyimagesearch.training.plan import Settings, plan_run
+    from pyimagesearch.plan import Settings, plan_run
 
     args = train_cpu.cli.build_parser("cpu", "").parse_args([])
     plan = plan_run("cpu", Settings.from_args(args), replicas=1)
@@ -241,7 +240,7 @@ def test_tfds_source_offline_gives_one_line_within_the_probe(in_process, tmp_pat
     (468, 13), (234, 13), (117, 13), (58, 29), (29, 29), (1, 1), (64, 16), (7, 7),
     (59, 59), (1_000_000, 16), (999_983, 1)])  # a prime: no divisor near 16
 def test_steps_per_execution_divides_the_epoch(steps, expected):
-    from pyimagesearch.training.plan import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     assert steps_per_execution(steps, limit=16) == expected
 
@@ -258,7 +257,7 @@ def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
 
 
 def test_epoch_timer_separates_training_from_validation(monkeypatch):
-    from pyimagesearch.training import callbacks
+    from pyimagesearch import callbacks
 
     clock = iter([10.0, 13.0, 14.5,   # epoch 1: begin, validation begins, end
                   20.0, 22.0])        # epoch 2: begin, end (no validation)
@@ -278,7 +277,7 @@ def test_custom_loop_runs_every_step_of_an_uneven_epoch():
     import tensorflow as tf
 
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.training.loop import execution_sizes, fit_custom
+    from pyimagesearch.loop import execution_sizes, fit_custom
     from pyimagesearch.loss import MSELoss
 
     assert execution_sizes(10, 4) == [4, 4, 2] and execution_sizes(8, 4) == [4, 4]
@@ -379,7 +378,7 @@ def test_a_reader_that_closes_the_pipe_early_loses_nothing(repo, tmp_path):
 
 CLOSED_STREAMS = r"""
 import json, os, sys
-from pyimagesearch.platforms import startup
+from pyimagesearch import runtime as startup
 startup.process()  # as every script's first call does
 from pyimagesearch import cli
 
@@ -435,24 +434,15 @@ def test_a_jax_backend_in_the_environment_is_set_aside_in_one_line(repo, tmp_pat
 # What a plain run loads of the package, each for what it does there; the
 # cluster, JobSet, TFRecord, backup, custom-loop, TPU, JAX and notebook
 # modules load only when a flag or the environment asks for them.
-PLAIN_RUN_MODULES = {
-    "pyimagesearch", "pyimagesearch.config", "pyimagesearch.data",  # the article's
-    "pyimagesearch.autoencoder", "pyimagesearch.loss",
-    "pyimagesearch.cli", "pyimagesearch.strategies", "pyimagesearch.outputs",  # the scripts'
-    "pyimagesearch.platforms", "pyimagesearch.platforms.backend",  # the first call
-    "pyimagesearch.platforms.startup", "pyimagesearch.platforms.host",  # and the record
-    "pyimagesearch.base", "pyimagesearch.base.errors", "pyimagesearch.base.files",
-    "pyimagesearch.base.publish", "pyimagesearch.base.signals",  # outputs all or none
-    "pyimagesearch.base.terminal", "pyimagesearch.base.network",  # quiet start, --data-source auto
-    "pyimagesearch.datasets", "pyimagesearch.datasets.sources",
-    "pyimagesearch.datasets.pipeline", "pyimagesearch.datasets.passes",
-    "pyimagesearch.training", "pyimagesearch.training.flags", "pyimagesearch.training.exits",
-    "pyimagesearch.training.settings", "pyimagesearch.training.plan",
-    "pyimagesearch.training.callbacks",  # the epoch timer
-    "pyimagesearch.training.precision",  # float32, set again for each run
-    "pyimagesearch.training.preemption",  # SIGTERM: one line, 143
-    "pyimagesearch.training.workarounds",  # cpu_only's plain device buffers
-}
+# a plain run loads the article's modules and the few it needs (counted as
+# every pyimagesearch name in sys.modules, the package itself included);
+# clusters, TFRecords, backups, the custom loop, the TPU and JAX load where
+# their flag or environment asks
+MAX_PLAIN_RUN_MODULES = 17
+OPT_IN = {"pyimagesearch.backup", "pyimagesearch.cluster", "pyimagesearch.jax_route",
+          "pyimagesearch.loop", "pyimagesearch.tfrecords", "pyimagesearch.tfrecord_writer",
+          "pyimagesearch.tpu_lookup", "pyimagesearch.tpu_runtime", "pyimagesearch.workarounds",
+          "pyimagesearch.notebook"}
 LOADED = r"""
 import json, sys
 sys.argv = ["train_cpu.py"]
@@ -469,5 +459,7 @@ def test_a_plain_run_loads_only_what_it_uses(repo, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.splitlines()[-1]))
-    assert loaded == PLAIN_RUN_MODULES, (sorted(loaded - PLAIN_RUN_MODULES),
-                                         sorted(PLAIN_RUN_MODULES - loaded))
+    assert len(loaded) <= MAX_PLAIN_RUN_MODULES, sorted(loaded)
+    assert {"pyimagesearch.config", "pyimagesearch.data", "pyimagesearch.autoencoder",
+            "pyimagesearch.loss"} <= loaded
+    assert loaded.isdisjoint(OPT_IN), sorted(loaded & OPT_IN)

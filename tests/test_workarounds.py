@@ -99,7 +99,7 @@ try:
 except Exception as error:  # InvalidArgumentError: "Trying to access resource ..."
     said("keras_19005", "Trying to access resource" in str(error), type(error).__name__)
 
-# datasets/passes.py: a graph seed of 0 and a tensor op seed fail in a flat_map
+# pipeline.py: a graph seed of 0 and a tensor op seed fail in a flat_map
 def seeded(k):
     tf.compat.v1.get_default_graph().seed = 0
     return tf.data.Dataset.range(4).shuffle(4, seed=k)
@@ -117,18 +117,18 @@ said("tpu_ipv6", address != "grpc://[::1]:8470", address)
 
 # each probe: the workaround, where it is, its upstream issue, and what its end would look like
 WORKAROUNDS = {
-    "plain_device_buffers": ("training/workarounds.py", "none filed (the warning it also "
+    "plain_device_buffers": ("workarounds.py", "none filed (the warning it also "
                              "removes: tensorflow/tensorflow#61816)"),
-    "local_cpu_devices": ("training/workarounds.py", "none public (TensorFlow's TODO "
+    "local_cpu_devices": ("workarounds.py", "none public (TensorFlow's TODO "
                           "b/126786766 in collective_all_reduce_strategy.py)"),
-    "bound_cluster_start": ("training/workarounds.py", "none filed"),
-    "preemption_handler_acts": ("training/workarounds.py", "none filed (failure_handling.py: "
+    "bound_cluster_start": ("workarounds.py", "none filed"),
+    "preemption_handler_acts": ("workarounds.py", "none filed (failure_handling.py: "
                                 "'We can make it work upon request')"),
-    "stop_preemption_handler": ("training/workarounds.py", "none filed"),
-    "keras_20585": ("training/cluster.py, training/plan.py", "keras-team/keras#20585"),
-    "keras_19005": ("training/plan.py", "keras-team/keras#19005"),
-    "graph_seed_0": ("datasets/passes.py", "none filed (related: tensorflow/tensorflow#17284)"),
-    "tpu_ipv6": ("training/tpu_lookup.py", "none filed"),
+    "stop_preemption_handler": ("workarounds.py", "none filed"),
+    "keras_20585": ("cluster.py, plan.py", "keras-team/keras#20585"),
+    "keras_19005": ("plan.py", "keras-team/keras#19005"),
+    "graph_seed_0": ("pipeline.py", "none filed (related: tensorflow/tensorflow#17284)"),
+    "tpu_ipv6": ("tpu_lookup.py", "none filed"),
 }
 
 
@@ -154,14 +154,14 @@ def test_the_fault_each_workaround_works_around_is_still_there(probed, probe):
 
 
 def test_tensorflows_own_switch_still_leaves_import_lines_on_stderr(repo):
-    # why base/terminal.py captures TensorFlow's import: even TF_CPP_MIN_LOG_LEVEL=3
+    # why terminal.py captures TensorFlow's import: even TF_CPP_MIN_LOG_LEVEL=3
     # leaves absl's preamble and "Could not find cuda drivers" (tensorflow/tensorflow#100442)
     done = subprocess.run([sys.executable, "-c", "import tensorflow"], cwd=repo,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0
     assert done.stderr.strip(), ("TF_CPP_MIN_LOG_LEVEL=3 now silences TensorFlow's import "
-                                 "(tensorflow/tensorflow#100442): base/terminal.py's import "
+                                 "(tensorflow/tensorflow#100442): terminal.py's import "
                                  "hook could give way to it")
 
 
@@ -169,13 +169,13 @@ UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|https://github
 
 
 @pytest.mark.parametrize("module, names", [
-    ("pyimagesearch.training.workarounds", ["plain_device_buffers", "local_cpu_devices",
+    ("pyimagesearch.workarounds", ["plain_device_buffers", "local_cpu_devices",
                                             "bound_cluster_start", "preemption_handler_acts",
                                             "stop_preemption_handler"]),
-    ("pyimagesearch.base.terminal", ["quiet_tensorflow_import", "filter_collective_noise"]),
-    ("pyimagesearch.datasets.passes", ["seeded_passes"]),
-    ("pyimagesearch.training.tpu_lookup", ["_find_tpu"]),
-    ("pyimagesearch.platforms.startup", ["leave_the_tpu_alone"]),
+    ("pyimagesearch.terminal", ["quiet_tensorflow_import", "filter_collective_noise"]),
+    ("pyimagesearch.pipeline", ["seeded_passes"]),
+    ("pyimagesearch.tpu_lookup", ["_find_tpu"]),
+    ("pyimagesearch.runtime", ["leave_the_tpu_alone"]),
 ])
 def test_every_workaround_names_its_upstream_issue_and_where_it_ends(module, names):
     loaded = importlib.import_module(module)

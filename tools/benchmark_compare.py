@@ -29,12 +29,12 @@ import time
 # add the root so that pyimagesearch imports
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.base.files import check_output_file  # noqa: E402
-from pyimagesearch.base.errors import UserError  # noqa: E402
+from pyimagesearch.files import check_output_file  # noqa: E402
+from pyimagesearch.errors import UserError  # noqa: E402
 
 
 def make_runs(source, folder, count):
@@ -95,7 +95,7 @@ def main(argv=None):
         print(f"  {line}")
     if args.json:
         from pyimagesearch.outputs import machine_info
-        from pyimagesearch.base.publish import publish_json
+        from pyimagesearch.files import publish_json
 
         publish_json(args.json, {
             "runs": args.runs, "copied_from": sorted(stems), "seconds": seconds,

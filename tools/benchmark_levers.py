@@ -25,11 +25,12 @@ import sys
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_file  # noqa: E402
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_file  # noqa: E402
 
 SETUPS = {"float32": ("float32", False), "mixed_bfloat16": ("mixed_bfloat16", False),
           "mixed_float16": ("mixed_float16", False), "xla": ("float32", True)}
@@ -65,10 +66,9 @@ def main(argv=None):
 
     import tensorflow as tf
     from benchmark_pipeline import time_epoch  # a sibling in tools/
-    from pyimagesearch import data, strategies
-    from pyimagesearch.datasets import sources
+    from pyimagesearch import data, sources, strategies
     from pyimagesearch.outputs import machine_info
-    from pyimagesearch.training.plan import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     chosen = strategies.for_device(args.device)
     dataset = data.get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=args.batch_size,
@@ -92,7 +92,7 @@ def main(argv=None):
         ratio = f"  {baseline / value:.2f}x" if baseline else ""
         print(f"  {name:15s} {value:6.2f} s{ratio}")
     if args.json:
-        from pyimagesearch.base.publish import publish_json
+        from pyimagesearch.files import publish_json
         publish_json(args.json, {
             "device": args.device, "batch_size": args.batch_size, "steps": steps,
             "seconds": seconds, "median_seconds": medians,

@@ -55,11 +55,12 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_dir, check_output_file  # noqa: E402
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_dir, check_output_file  # noqa: E402
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
@@ -115,10 +116,10 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     import tensorflow as tf
 
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.training.callbacks import EpochTimer
+    from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
-    from pyimagesearch.training.plan import make_optimizer
-    from pyimagesearch.training.precision import set_precision, with_loss_scaling
+    from pyimagesearch.plan import make_optimizer
+    from pyimagesearch.plan import set_precision, with_loss_scaling
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
@@ -156,7 +157,7 @@ def floor(args, source, command):
     import tensorflow as tf
 
     from pyimagesearch.outputs import machine_info
-    from pyimagesearch.training.plan import steps_per_execution
+    from pyimagesearch.plan import steps_per_execution
 
     steps, batch = args.steps, config.BATCH_SIZE
     spe = steps_per_execution(steps)
@@ -234,8 +235,8 @@ def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch.datasets import sources, tfrecord_writer
-    from pyimagesearch.base.errors import UserError
+    from pyimagesearch import sources, tfrecord_writer
+    from pyimagesearch.errors import UserError
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -346,9 +347,8 @@ def main(argv=None):
     if args.profile_dir:
         check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
-    from pyimagesearch import strategies
-    from pyimagesearch.datasets import sources
-    from pyimagesearch.training.plan import steps_per_execution
+    from pyimagesearch import sources, strategies
+    from pyimagesearch.plan import steps_per_execution
 
     strategies.cpu_only()  # quiet device discovery; the benchmark runs on the CPU
     if args.data_dir is None:
@@ -361,7 +361,7 @@ def main(argv=None):
         mode = floor if args.floor else input_only
         figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
-            from pyimagesearch.base.publish import publish_json
+            from pyimagesearch.files import publish_json
             publish_json(args.json, figures)
         return
     steps = args.steps
@@ -387,7 +387,7 @@ def main(argv=None):
     for name, value in medians.items():
         print(f"  {name:18s} {value:6.2f} s  {ratios[name]:.2f}x")
     if args.json:
-        from pyimagesearch.base.publish import publish_json
+        from pyimagesearch.files import publish_json
         publish_json(args.json, {"seconds": seconds, "median_seconds": medians,
                                  "speedup_over_article_style": ratios, "steps": steps,
                                  "trials": args.trials, "steps_per_execution": spe,

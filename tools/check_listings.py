@@ -26,12 +26,12 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli
-from pyimagesearch.base.files import check_output_file
-from pyimagesearch.base.terminal import TF_LOG_LINE
+from pyimagesearch.files import check_output_file
+from pyimagesearch.terminal import TF_LOG_LINE
 
 MATMUL = '''
 import tensorflow as tf
@@ -313,7 +313,7 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    from pyimagesearch.base.publish import publish_json
+    from pyimagesearch.files import publish_json
     publish_json(args.json, record)
 
 

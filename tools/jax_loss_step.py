@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402
 from pyimagesearch.loss import MSELoss  # noqa: E402
-from pyimagesearch.training.data_parallel import DataParallel  # noqa: E402
+from pyimagesearch.jax_route import DataParallel  # noqa: E402
 
 GLOBAL_BATCH = 32
 LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off

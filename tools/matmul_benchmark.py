@@ -40,17 +40,17 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch.platforms import tpu_runtime  # noqa: E402
+from pyimagesearch import tpu_runtime  # noqa: E402
 
 if __name__ == "__main__" and tpu_runtime.flag_value(sys.argv[1:], "--device") == "tpu":
     tpu_runtime.prepare(sys.argv[1:])  # a TPU v5e or v6e: before TensorFlow is imported
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.base.files import check_output_file  # noqa: E402
-from pyimagesearch.base.errors import UserError  # noqa: E402
+from pyimagesearch.files import check_output_file  # noqa: E402
+from pyimagesearch.errors import UserError  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -411,7 +411,7 @@ def main(argv=None):
                            args.rehearse, args.tpu)
     print(report(result))
     if args.json:
-        from pyimagesearch.base.publish import publish_json
+        from pyimagesearch.files import publish_json
         publish_json(args.json, {**result, "command": ["tools/matmul_benchmark.py", *argv]})
 
 

@@ -30,14 +30,15 @@ import numpy as np
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_dir  # noqa: E402
-from pyimagesearch.datasets.sources import STAND_IN_MARKER  # noqa: E402
-from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
-from pyimagesearch.base.terminal import native_stderr_quiet  # noqa: E402
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_dir  # noqa: E402
+from pyimagesearch.sources import STAND_IN_MARKER  # noqa: E402
+from pyimagesearch.errors import UserError, first_line  # noqa: E402
+from pyimagesearch.terminal import native_stderr_quiet  # noqa: E402
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
@@ -167,7 +168,7 @@ def read_idx_folder(folder):
 
 def stand_in_files():
     """The sample's digits tiled to config's train and validation sizes, as idx files."""
-    from pyimagesearch.datasets.sources import read_sample
+    from pyimagesearch.sources import read_sample
 
     images, labels = read_sample()
     images = images.reshape(-1, SIDE, SIDE)

@@ -23,12 +23,13 @@ import sys
 
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_file  # noqa: E402
-from pyimagesearch.base.errors import UserError, first_line  # noqa: E402
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_file  # noqa: E402
+from pyimagesearch.errors import UserError, first_line  # noqa: E402
 
 NEEDED = ("name", "data_source", "global_batch_size", "steps_per_epoch", "learning_rate",
           "val_loss")
@@ -36,7 +37,7 @@ NEEDED = ("name", "data_source", "global_batch_size", "steps_per_epoch", "learni
 
 def read_record(path):
     """A run record with what the figure needs, or a UserError naming what is wrong."""
-    from pyimagesearch.base.files import read_json
+    from pyimagesearch.files import read_json
 
     record = read_json(path, "give the .json a train_*.py run wrote")
     if record is None:
@@ -49,7 +50,7 @@ def read_record(path):
 
 def run_source(record, data_dir=None):
     """The data the run read, checked to be what its record calls it."""
-    from pyimagesearch.datasets.sources import resolve_source
+    from pyimagesearch.sources import resolve_source
 
     label = record["data_source"]
     command = record.get("command") or []
@@ -97,8 +98,8 @@ def main(argv=None):
     model = load(args.model or f"{stem}.keras")
 
     from pyimagesearch.data import figure_digits
-    from pyimagesearch.base.files import file_to_write
-    from pyimagesearch.base.publish import StagedOutputs
+    from pyimagesearch.files import file_to_write
+    from pyimagesearch.files import StagedOutputs
 
     images = figure_digits(run_source(record, args.data_dir).examples(config.VALIDATION_FLAG))
     from pyimagesearch import outputs

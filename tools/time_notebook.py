@@ -17,7 +17,7 @@ load averages to say how much there was.
 The record holds each cell's seconds, each training run's seconds and
 epochs (the notebook prints "[INFO] NAME took N s here"), the two
 article-style epochs, the factor and the estimate. The notebook reads it to
-say, before each run, how long the run will take (platforms/records.py's estimate).
+say, before each run, how long the run will take (notebook/records.py's estimate).
 """
 import argparse
 import json
@@ -35,11 +35,11 @@ import time
 # add the root so that pyimagesearch imports
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
 from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.base.files import check_output_file  # noqa: E402
+from pyimagesearch.files import check_output_file  # noqa: E402
 
 ARTICLE_CPU_EPOCH_S = 57  # the article's train_cpu.py log on Colab's CPU: epochs 2-5
 BUDGET_S = 300            # issue 32: the first Run all within 5 minutes on Colab's free CPU
@@ -185,7 +185,7 @@ def main(argv=None):
     print(f"[INFO] the notebook on one core: {total:.0f} s; an article-style epoch "
           f"{epoch:.1f} s there; on Colab's free CPU about {total:.0f} x {ARTICLE_CPU_EPOCH_S}"
           f" / {epoch:.1f} = {total * factor:.0f} s (the budget: {BUDGET_S} s)")
-    from pyimagesearch.base.publish import publish_json
+    from pyimagesearch.files import publish_json
     publish_json(args.json, record)
 
 

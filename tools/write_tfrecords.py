@@ -28,19 +28,19 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch.platforms import backend  # noqa: E402
-backend.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime  # noqa: E402
+runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
 
-from pyimagesearch import cli, config  # noqa: E402
-from pyimagesearch.base.files import check_output_dir  # noqa: E402
+from pyimagesearch import cli  # noqa: E402
+from pyimagesearch import config
+from pyimagesearch.files import check_output_dir  # noqa: E402
 
 SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    from pyimagesearch.datasets import tfrecords
-    from pyimagesearch.datasets import tfrecord_writer
+    from pyimagesearch import tfrecord_writer, tfrecords
 
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,7 +65,7 @@ def main(argv=None):
                              "it a folder holding a metadata.json is left untouched")
     args = parser.parse_args(argv)
 
-    from pyimagesearch.datasets import sources
+    from pyimagesearch import sources
 
     # every check before the decoding, and nothing created before the checks
     tfrecord_writer.check_destination(args.output_dir, args.overwrite)

@@ -12,8 +12,7 @@ import os
 import pathlib
 import re
 import tokenize
-
-from pyimagesearch.platforms.notebook import NotebookStop, show_markdown
+from pyimagesearch.notebook import NotebookStop, show_markdown
 
 MARK = re.compile(r"# \+(\s|$)")  # at the start of a comment: "# +", "# + the reason"
 FOLD_FROM = 4  # so many marked lines in a row are folded into one line that opens them

@@ -5,8 +5,8 @@ this module decides them first (docs/tpus.md has the sources):
 
 - **Whether this process takes the TPU at all.** tensorflow-tpu's import
   opens libtpu, takes its lock (/tmp/libtpu_lockfile) and initialises it,
-  unless TPU_LOAD_LIBRARY=0. `startup.leave_the_tpu_alone` sets that; every
-  script's and tool's first call (startup.process) and the notebook's kernel
+  unless TPU_LOAD_LIBRARY=0. `runtime.leave_the_tpu_alone` sets that; every
+  script's and tool's first call (runtime.process) and the notebook's kernel
   make it, so they leave the chips alone. `prepare` takes it back out for the one process
   that trains on the TPU (train_tpu.py, tools/matmul_benchmark.py --device
   tpu), and never for a rehearsal. A TPU_LOAD_LIBRARY of the user's own
@@ -32,12 +32,9 @@ this module decides them first (docs/tpus.md has the sources):
 """
 import os
 import sys
-
-from pyimagesearch.platforms import backend, startup
-# who takes the TPU: TPU_LOAD_LIBRARY=0 keeps libtpu unloaded (startup.py)
-from pyimagesearch.platforms.startup import (LOAD_LIBRARY, OURS, leave_the_tpu_alone,  # noqa: F401
-                                             without_our_hold)
-from pyimagesearch.platforms.host import detect, installed_version
+from pyimagesearch import runtime
+from pyimagesearch.runtime import LOAD_LIBRARY, OURS, leave_the_tpu_alone, without_our_hold  # noqa: F401
+from pyimagesearch.runtime import detect, installed_version
 
 USE_C_API = "NEXT_PLUGGABLE_DEVICE_USE_C_API"
 LIBRARY_PATH = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
@@ -107,7 +104,7 @@ def libtpu_version():
 
 
 def prepare(argv, environ=None, host=None, library_path=libtpu_path):
-    """For the TPU run: choose its Keras backend (backend.tpu_route); on TensorFlow, let it
+    """For the TPU run: choose its Keras backend (runtime.tpu_route); on TensorFlow, let it
     load libtpu and set PJRT's variables if this TPU needs them; what was done, in words.
 
     `argv`: the command line's arguments (a rehearsal sets no TPU runtime);
@@ -115,10 +112,10 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     neither route takes ends the process in one line, status 2.
     """
     global prepared
-    from pyimagesearch.base.errors import UserError
+    from pyimagesearch.errors import UserError
 
     if environ is None:  # this process: its set-up before TensorFlow's import first
-        startup.process()
+        runtime.process()
     try:
         prepared = _prepare(argv, os.environ if environ is None else environ, host,
                             library_path)
@@ -131,7 +128,7 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
 def _prepare(argv, environ, host, library_path):
     """prepare's work; what it did, in words."""
     host = detect() if host is None else host
-    route = backend.tpu_route(environ, host)
+    route = runtime.tpu_route(environ, host)
     if "tensorflow" in sys.modules:
         return "too late: TensorFlow is imported already"
     if route == "jax":
@@ -148,7 +145,7 @@ def _jax_route(argv, environ):
     if rehearses(argv):
         devices = flag_value(argv, REHEARSE_FLAG)
         if devices and devices.isdigit() and int(devices) >= 1:
-            backend.rehearse_on_jax(environ, int(devices))
+            runtime.rehearse_on_jax(environ, int(devices))
         return f"Keras on JAX: a rehearsal on {devices} JAX CPU devices"
     # JAX loads its own libtpu (jax[tpu]), which reads TPU_LOAD_LIBRARY too;
     # TensorFlow (tensorflow-cpu, for tf.data) has no TPU loader to take it

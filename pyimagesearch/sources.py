@@ -26,15 +26,13 @@ import gzip
 import logging
 import os
 import zlib
-
 import numpy as np
 import tensorflow as tf
-
 from pyimagesearch import config
 from pyimagesearch.config import IMAGE_SHAPE
-from pyimagesearch.datasets.pipeline import make_pipeline, tfrecord_pipeline
-from pyimagesearch.base.errors import UserError, first_line
-from pyimagesearch.base.network import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
+from pyimagesearch.pipeline import make_pipeline, tfrecord_pipeline
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.runtime import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
 
 SOURCES = ("auto", "tfds", "sample", "tfrecord")
 # tfds' GCS mirror and MNIST's download URL both live on this host
@@ -239,7 +237,7 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, net
 
 def _tfrecords():
     """The TFRecord format's module, loaded for --data-source tfrecord only."""
-    from pyimagesearch.datasets import tfrecords
+    from pyimagesearch import tfrecords
 
     return tfrecords
 

@@ -3,7 +3,11 @@
 The statuses follow the convention schedulers read (Kubeflow's
 `restartPolicy: ExitCode`): 1, 2, 126-128 and 139 mean "do not restart",
 130, 137, 138 and 143 mean "restart" (138 is its "the user asks for a retry").
+`OneLineParser` gives a wrong flag the same one line; nothing here imports
+TensorFlow, so a launcher (tools/launch_workers.py) parses its flags as the
+scripts do without loading it.
 """
+import argparse
 
 
 class UserError(Exception):
@@ -15,6 +19,9 @@ class UserError(Exception):
     """
 
     exit_status = 2
+
+
+EXIT_USER_ERROR = UserError.exit_status
 
 
 class PeerLost(UserError):
@@ -43,3 +50,16 @@ def first_line(error):
     text = str(getattr(error, "strerror", None) or getattr(error, "message", None)
                or error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is reported in one line instead of usage + error.
+
+    Abbreviated flags (`--dev tpu`) are refused: what runs before argparse
+    (tpu_runtime.py) reads each flag by its whole name only.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")

@@ -10,9 +10,8 @@ logs (`estimate`). Nothing here runs a script: the notebook's cells do.
 import json
 import pathlib
 import re
-
-from pyimagesearch.platforms import tpu_runtime
-from pyimagesearch.platforms.notebook import show_markdown
+from pyimagesearch import tpu_runtime
+from pyimagesearch.notebook import show_markdown
 
 ARTICLE_MATMUL = {"CPU": 0.79, "GPU": 0.000436, "TPU (8 cores)": 0.06}  # naive, its listings
 LISTINGS_RECORD = "outputs/quoted/listings/tf221.json"  # tools/check_listings.py's record

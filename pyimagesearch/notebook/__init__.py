@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 
-from pyimagesearch.platforms import backend, startup
-from pyimagesearch.platforms.host import detect, installed_version, runtime_suffix
+from pyimagesearch.runtime import (detect, installed_version, leave_the_tpu_alone, runtime_suffix,
+                                   tpu_route, without_our_hold)
 
 DEVICES = ("auto", "cpu", "gpu", "tpu")
 REHEARSALS = {"gpu": 2, "tpu": 8}  # the article's 8 TPU cores; 2 GPUs, the smallest mirror
@@ -62,7 +62,7 @@ def runtime(device="auto", root=None, environ=None, modules=None):
     """
     if device not in DEVICES:
         raise NotebookStop(f"DEVICE is {device!r}; choose one of {', '.join(DEVICES)}")
-    startup.leave_the_tpu_alone(environ)
+    leave_the_tpu_alone(environ)
     host = detect(root, environ, modules)
     print(f"[INFO] runtime: {host.describe()}")
     return host
@@ -113,10 +113,10 @@ def _rehearsal(kind, flags, reason):
 
 
 def jax_route(host, version_of=installed_version):
-    """True where train_tpu.py runs Keras on JAX by itself: backend.tpu_route's rule, on what
+    """True where train_tpu.py runs Keras on JAX by itself: tpu_route's rule, on what
     this image has installed (a TPU with JAX and no tensorflow-tpu: Colab's and Kaggle's)."""
-    return backend.tpu_route({}, host, version_of("jax") is not None,
-                             version_of("tensorflow-tpu") is not None) == "jax"
+    return tpu_route({}, host, version_of("jax") is not None,
+                     version_of("tensorflow-tpu") is not None) == "jax"
 
 
 def show_markdown(text):
@@ -178,9 +178,9 @@ def script_environment(script=None):
     Without the kernel's TPU_LOAD_LIBRARY=0 (runtime): each script decides
     for itself, and only the TPU run lets TensorFlow load libtpu.
     train_tpu.py chooses its own backend (JAX on a JAX TPU image:
-    platforms/backend.py); the others are TensorFlow's.
+    runtime.py); the others are TensorFlow's.
     """
-    environ = startup.without_our_hold(dict(os.environ))
+    environ = without_our_hold(dict(os.environ))
     if script and os.path.basename(script) == "train_tpu.py":
         environ.pop("KERAS_BACKEND", None)  # an image's KERAS_BACKEND=jax is not a choice
     else:  # JAX-first TPU images set KERAS_BACKEND=jax; these scripts are TensorFlow's
@@ -293,4 +293,3 @@ def tpu_line(host, article_cores=8):
             f"{cores} way(s), not {article_cores}; the article's {article_cores}-way data "
             "parallelism (each core a 128-image share, the gradients summed across cores) is "
             "not run here. The 58 steps per epoch and their blur are the same.")
-

@@ -22,15 +22,12 @@ import dataclasses
 import datetime
 import math
 import time
-
 import keras
 import numpy as np
 import tensorflow as tf
-
-from pyimagesearch.training import preemption
-from pyimagesearch.base.errors import UserError
-from pyimagesearch.base.files import join
-
+from pyimagesearch import exits
+from pyimagesearch.errors import UserError
+from pyimagesearch.files import join
 
 class EpochTimer(keras.callbacks.Callback):
     """Wall time of each epoch, and of its training part alone (before validation)."""
@@ -223,13 +220,13 @@ def make_callbacks(plan, digits):
     a temporary folder.
     """
     settings = plan.settings
-    preemption.watch()  # again: a multi-worker runtime may have taken SIGTERM over
+    exits.watch()  # again: a multi-worker runtime may have taken SIGTERM over
     timer = EpochTimer()
     # a loss that is not a number stops training; the run record then refuses it
     callbacks = [timer, keras.callbacks.TerminateOnNaN()]
     backup = None
     if settings.backup_dir:
-        from pyimagesearch.training.backup import Backup
+        from pyimagesearch.backup import Backup
 
         backup = Backup(plan)
     if backup:

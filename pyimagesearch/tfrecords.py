@@ -12,7 +12,7 @@ again), its shape (height, width, channels) and its label. With GZIP the
 shards end in .tfrecord.gz. `metadata.json` gives the counts per split and
 per shard, the image shape, where the images came from and how the folder
 was made. Every file is written to a local scratch folder first, and the
-whole set then replaces the folder's old one (base/publish.py): the
+whole set then replaces the folder's old one (files.py): the
 folder holds the old TFRecords or the new ones, whatever stops the writer.
 
 This module knows the format and reads it: arrays and batches of uint8
@@ -24,14 +24,12 @@ import json
 import math
 import os
 import re
-
 import numpy as np
 import tensorflow as tf
-
-from pyimagesearch.base.errors import UserError, first_line
-from pyimagesearch.base.files import join
-from pyimagesearch.datasets.passes import seeded_passes
-from pyimagesearch.base.terminal import native_stderr_quiet
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.files import join
+from pyimagesearch.pipeline import seeded_passes
+from pyimagesearch.terminal import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # published with the shards: its presence means "finished"
 FORMAT = "pyimagesearch-tfrecords"

@@ -15,8 +15,7 @@ exist, and still do what is worked around, in the TensorFlow versions CI runs.
 """
 import contextlib
 import sys
-
-from pyimagesearch.base.errors import UserError
+from pyimagesearch.errors import UserError
 
 def plain_device_buffers():
     """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
@@ -34,8 +33,9 @@ def plain_device_buffers():
     nothing is changed, and a warning says so once, since rehearsals may
     then stall again.
 
-    Only for the CPU (strategies.cpu_only: train_cpu.py and every
-    rehearsal), where both were seen. A real GPU or TPU gets no hook: it
+    Only for rehearsals on the CPU (strategies.rehearsal and a cluster's
+    --rehearse), where both were seen; a plain train_cpu.py trains on
+    TensorFlow's default strategy, which makes no such buffers. A real GPU or TPU gets no hook: it
     has never run there, and on a TPU the buffers sit on devices whose
     dataset kernels were not checked.
 
@@ -208,4 +208,3 @@ def stop_preemption_handler(handler):
     for name in ("_stop_cluster_wise_termination_watcher_thread",
                  "_stop_poll_termination_signal_thread"):
         getattr(handler, name, lambda: None)()
-

@@ -16,17 +16,14 @@ same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
 import shutil
-
 import keras
 import tensorflow as tf
-
-from pyimagesearch.training import preemption
-from pyimagesearch.training.cluster import check_workers_agree
-from pyimagesearch.base.errors import Preempted, UserError, first_line
-from pyimagesearch.base.files import (LOCK, join, read_json, scratch_folder, take_lock,
-                                      write_json)
-from pyimagesearch.training.settings import default_settings, run_name
-from pyimagesearch.training.workarounds import stop_preemption_handler
+from pyimagesearch import exits
+from pyimagesearch.cluster import check_workers_agree
+from pyimagesearch.errors import Preempted, UserError, first_line
+from pyimagesearch.files import LOCK, join, read_json, scratch_folder, take_lock, write_json
+from pyimagesearch.plan import default_settings, run_name
+from pyimagesearch.workarounds import stop_preemption_handler
 
 HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
 RUN = "run.json"           # the configuration the backup belongs to
@@ -202,10 +199,10 @@ class Backup(keras.callbacks.Callback):
         self._since = 0
         # in a cluster, SIGTERM on any worker stops every worker at one step
         self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
-        self._handler = self._handler_scratch and preemption.cluster_handler(
+        self._handler = self._handler_scratch and exits.cluster_handler(
             tf.distribute.get_strategy(), self._handler_scratch, self._save,
             self._stop_cluster_preempted, acts=self.handler_acts)
-        preemption.saving(True)
+        exits.saving(True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._done = 0  # steps of this call to fit (or this epoch) so far
@@ -246,7 +243,7 @@ class Backup(keras.callbacks.Callback):
                 self._handler.save_checkpoint_if_preempted()
             except tf.errors.AlreadyExistsError:
                 pass  # SIGTERM after another worker ended training: none to stop
-        elif preemption.requested():
+        elif exits.requested():
             self._save()
             self._close()
             raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
@@ -254,7 +251,7 @@ class Backup(keras.callbacks.Callback):
 
     def _stop_cluster_preempted(self):
         """TensorFlow's handler saved the backup on every worker: stop (exit status 143)."""
-        cause = "by SIGTERM" if preemption.requested() else "because a peer got SIGTERM,"
+        cause = "by SIGTERM" if exits.requested() else "because a peer got SIGTERM,"
         self._close()
         raise Preempted(f"stopped {cause} after {self._trained:,} steps with the whole "
                         f"cluster; the backup in {self.folder} holds them: run the same "
@@ -301,7 +298,7 @@ class Backup(keras.callbacks.Callback):
 
     def _close(self):
         """Training is over, or stops: no more saves on SIGTERM, no temporary folders."""
-        preemption.saving(False)
+        exits.saving(False)
         if self._handler is not None:
             stop_preemption_handler(self._handler)
         for scratch in (self._scratch, self._handler_scratch):

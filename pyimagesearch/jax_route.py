@@ -1,6 +1,6 @@
 """Keras on JAX: `keras.distribution.DataParallel` in place of TPUStrategy.
 
-train_tpu.py on JAX (platforms/backend.py says when) builds its strategy
+train_tpu.py on JAX (runtime.py says when) builds its strategy
 here. Keras' DataParallel replicates the model's variables on every device
 and splits each global batch between them; `scope()` is Keras' own, so the
 listing's `with strategy.scope():` reads the same. One jitted step sees the
@@ -14,10 +14,8 @@ What this route cannot do yet is refused in one line before any training
 and backups are tf.train.Checkpoints of TensorFlow variables.
 """
 import keras
-
-from pyimagesearch.platforms.host import installed_version
-from pyimagesearch.base.errors import UserError
-
+from pyimagesearch.runtime import installed_version
+from pyimagesearch.errors import UserError
 
 class DataParallel(keras.distribution.DataParallel):
     """Keras' DataParallel, with TPUStrategy's `num_replicas_in_sync`, which the listing reads."""
@@ -55,7 +53,7 @@ def found(jax_devices):
     """What a TPU run found: the runtime, the devices JAX and TensorFlow see, the versions."""
     import tensorflow as tf
 
-    from pyimagesearch.platforms.host import detect
+    from pyimagesearch.runtime import detect
 
     kinds = sorted({device.split(":")[0] for device in jax_devices}) or ["none"]
     tf_devices = sorted({device.device_type for device in tf.config.list_physical_devices()})

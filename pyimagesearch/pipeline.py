@@ -6,12 +6,48 @@ float at a time and prefetches, with no Python per image or per epoch. The
 TFRecord pipeline reads shards in parallel and parses a batch at a time
 (`tfrecords`). Under several input pipelines (one per worker) each keeps
 its replicas' slices of every global batch (`_replica_slices`).
+
+Also here:
+- Seeded passes over a split: every iterator, and every worker, reads the same sequence.
 """
 import dataclasses
 
 import tensorflow as tf
 
-from pyimagesearch.datasets import passes
+
+
+# --- Seeded passes over a split: every iterator, and every worker, reads the same sequence ----
+# A leaf module, shared by the in-memory pipeline (`data`) and the TFRecord
+# reader (`tfrecords`).
+def seeded_passes(one_pass, seed, repeat):
+    """Pass k over a split is `one_pass(k)`: every iterator sees the same passes.
+
+    A seeded `shuffle(reshuffle_each_iteration=True)` gives every new
+    iterator a new order, and Keras opens one to build the model before
+    training, so `fit` and the custom loop would start from different
+    orders. Here each pass shuffles with its own seed, derived from `seed`
+    and k: every process of a cluster reads the same global batches.
+
+    TensorFlow combines an op's seed with the graph's, and cannot when the
+    graph seed is 0 (or 2**31 - 1, the same after its truncation) and the
+    op seed is a tensor, as k is: it compares the pair with (0, 0) as a
+    Python bool. So each pass sets its graph's seed to `seed` itself (what
+    keras.utils.set_random_seed gives it anyway), and to 2**31 where
+    TensorFlow would truncate that to 0.
+
+    Upstream: none filed (related: tensorflow/tensorflow#17284). Still
+    needed in TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
+    """
+    graph_seed = seed if seed % (2**31 - 1) else 2**31
+
+    def seeded(k):
+        if not tf.executing_eagerly():  # tf.data's debug mode runs this eagerly
+            tf.compat.v1.get_default_graph().seed = graph_seed  # this pass's graph only
+        return one_pass(k)
+
+    passes = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    return passes.flat_map(seeded)
+
 
 PREFETCH_BATCHES = 2  # batches prepared while the model trains on the current one
 
@@ -81,7 +117,7 @@ def make_pipeline(images, reading, input_context=None):
         images = images[:reading.images]
     dataset = tf.data.Dataset.from_tensor_slices(images)
     if reading.shuffle_size and reading.seed is not None:
-        dataset = passes.seeded_passes(lambda k: dataset.shuffle(
+        dataset = seeded_passes(lambda k: dataset.shuffle(
             reading.shuffle_size, seed=reading.seed * 1_000_003 + k,
             reshuffle_each_iteration=False), reading.seed, reading.repeat)
     else:
@@ -135,7 +171,7 @@ def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
     files than pipelines): each reads only its share and batches its part of
     the global batch (batch / pipelines), cut into its local replicas' slices.
     """
-    from pyimagesearch.datasets import tfrecords  # loaded for --data-source tfrecord only
+    from pyimagesearch import tfrecords  # loaded for --data-source tfrecord only
 
     shard = None
     if input_context is not None and reading.shuffle_size:

@@ -13,9 +13,8 @@ import shlex
 import signal
 import subprocess
 import sys
-
-from pyimagesearch.platforms.host import ROOT_ENV, installed_version
-from pyimagesearch.platforms.notebook import NotebookStop, jax_route
+from pyimagesearch.runtime import ROOT_ENV, installed_version
+from pyimagesearch.notebook import NotebookStop, jax_route
 
 TENSORFLOW = "tensorflow>=2.19,<2.22"  # requirements.txt's; the GPU form adds [and-cuda]
 
@@ -169,17 +168,17 @@ def pip_index(listing):
 
 
 def _probe_index():
-    """How pip's package index answers (base/network.py's probe); ANSWERS if it is local."""
-    from pyimagesearch.base import network
+    """How pip's package index answers (runtime.py's probe); ANSWERS if it is local."""
+    from pyimagesearch import runtime
 
     listing = subprocess.run((sys.executable, "-m", "pip", "config", "list"),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
     index = pip_index(listing)
     if index is None:
-        return {"verdict": network.ANSWERS, "via": "a local index"}
+        return {"verdict": runtime.ANSWERS, "via": "a local index"}
     host, port, proxy = index
     environ = dict(os.environ, HTTPS_PROXY=proxy) if proxy else os.environ
-    return network.probe((host, port), INDEX_TIMEOUT_SECONDS, environ)
+    return runtime.probe((host, port), INDEX_TIMEOUT_SECONDS, environ)
 
 
 def install_missing(host, repo=".", version_of=installed_version,
@@ -191,7 +190,7 @@ def install_missing(host, repo=".", version_of=installed_version,
     ($PYIMAGESEARCH_HOST_ROOT, the tests' TPU) the commands are only shown:
     they would uninstall the TensorFlow of the environment the tests run in.
     """
-    from pyimagesearch.base.network import ANSWERS, SILENT
+    from pyimagesearch.runtime import ANSWERS, SILENT
 
     commands = install_commands(host, repo, version_of)
     if not commands:

@@ -6,17 +6,12 @@ so a training run never loads it.
 """
 import datetime
 import os
-
 import numpy as np
 import tensorflow as tf
-
-from pyimagesearch.base.errors import UserError, first_line
-from pyimagesearch.base.files import join, write_json
-from pyimagesearch.base.publish import StagedOutputs, recover
-from pyimagesearch.datasets.tfrecords import (COMPRESSIONS, DEFAULT_SHARDS, FORMAT,
-                                              FORMAT_VERSION, METADATA_NAME, ORIGINS,
-                                              file_sha256, shard_name)
-
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.files import join, write_json
+from pyimagesearch.files import StagedOutputs, recover
+from pyimagesearch.tfrecords import COMPRESSIONS, DEFAULT_SHARDS, FORMAT, FORMAT_VERSION, METADATA_NAME, ORIGINS, file_sha256, shard_name
 
 def serialize(image, label):
     """One image (uint8, (h, w, c)) and its label as a serialized tf.train.Example."""

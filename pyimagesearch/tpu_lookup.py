@@ -11,13 +11,11 @@ import contextlib
 import os
 import re
 import threading
-
 import tensorflow as tf
-
-from pyimagesearch.base.errors import UserError, first_line
-from pyimagesearch.base.terminal import native_stderr_quiet
-from pyimagesearch.platforms.host import detect
-from pyimagesearch.training.cluster import answers
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.terminal import native_stderr_quiet
+from pyimagesearch.runtime import detect
+from pyimagesearch.cluster import answers
 
 TPU_LOOKUP_TIMEOUT_S = 60  # s; how long the TPU lookup may wait on Google Cloud
 _REHEARSE_TPU = "use --rehearse 8 to rehearse on 8 logical CPU devices"
@@ -186,8 +184,8 @@ def tpu_errors(tpu=None):
 
 
 def _likely_causes():
-    """Why this machine's TPU runtime may have failed (platforms/tpu_runtime.py)."""
-    from pyimagesearch.platforms import tpu_runtime
+    """Why this machine's TPU runtime may have failed (tpu_runtime.py)."""
+    from pyimagesearch import tpu_runtime
 
     return tpu_runtime.likely_causes()
 
