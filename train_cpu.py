@@ -1,7 +1,7 @@
 # USAGE
 # python train_cpu.py                  # 5 epochs, batch 128, outputs/cpu.png
 # python train_cpu.py --epochs 1 --data-source sample
-"""Train the article's MNIST autoencoder on the CPU: the article's listing, step by step.
+"""Train the article's MNIST autoencoder on the CPU (the article prints no CPU script).
 
 The article's TPU listing on TensorFlow's default strategy; lines marked "# +"
 go beyond it, and skipping them leaves the listing with the departures the
@@ -12,8 +12,7 @@ cpu.keras.
 from pyimagesearch import runtime  # +
 runtime.tensorflow()  # +
 
-# import the necessary packages (pyimagesearch first: it keeps TensorFlow's
-# start-up notices off the terminal; the seed is fixed once the flags are read)
+# import the necessary packages (the seed is fixed once the flags are read)
 from pyimagesearch import config
 from pyimagesearch.data import get_data
 from pyimagesearch.autoencoder import AutoEncoder
@@ -27,6 +26,7 @@ from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pypl
 # import os: the outputs' folder is made by outputs.RunOutputs (a bucket too)
 
 
+@cli.one_run()  # + the flags' values hold in config for this run only
 def main(argv=None):  # +
     args = cli.parse_args("cpu", __doc__, argv)  # + the flags, checked
 
@@ -39,26 +39,24 @@ def main(argv=None):  # +
     numAcc = strategy.num_replicas_in_sync
     print(f"[INFO] Number of accelerators: {numAcc}")
     # + the flags set config's values: BATCH_SIZE, the steps derived from it,
-    # + EPOCHS, SEED, OPTIMIZER with its learning rate (cli.configure)
+    # + EPOCHS, SEED, OPTIMIZER with its learning rate; get_data reads the plan
     plan = cli.configure("cpu", args, strategy)  # +
 
     # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
     # right after its import; here config.SEED (42, or --seed), once the flags are read
     tf.keras.utils.set_random_seed(config.SEED)
-    run = cli.callbacks(plan)  # + callbacks; run.start: steps a backup holds
+    run = cli.callbacks(plan)  # + callbacks; a backup's steps, which get_data skips
 
     # get the training dataset: config.BATCH_SIZE (128) images per replica,
     # where the TPU listing's config.TPU_BATCH_SIZE is global
     print("[INFO] loading the training and validation datasets...")
     trainDs = get_data(dataName=config.DATA_NAME,
         split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
-        batchSize=config.BATCH_SIZE * numAcc,
-        plan=plan, skip=run.start)  # + the data source; steps a backup holds
+        batchSize=config.BATCH_SIZE * numAcc)
 
     # get the validation dataset: one pass over the split
     valDs = get_data(dataName=config.DATA_NAME,
-        split=config.VALIDATION_FLAG, batchSize=config.BATCH_SIZE * numAcc,
-        plan=plan)  # +
+        split=config.VALIDATION_FLAG, batchSize=config.BATCH_SIZE * numAcc)
 
     # train the model in the scope
     with strategy.scope():
@@ -68,9 +66,10 @@ def main(argv=None):  # +
         # the article's scale=1, which numAcc is on one replica (see loss.py
         # and train_tpu.py for several)
         mseLoss = MSELoss(scale=numAcc)
-        model.compile(loss=mseLoss, optimizer=config.OPTIMIZER,
-            steps_per_execution=plan.steps_per_execution,  # + fewer calls from Python
-            jit_compile=args.jit_compile)  # + --jit-compile: XLA
+        model.compile(loss=mseLoss, optimizer=config.OPTIMIZER)
+        # + steps per call into the compiled step; --jit-compile: XLA; fit's
+        # + callbacks and resume point; predict's batch of the figure's digits
+        run.tune(model)  # +
 
         # train the model: an epoch of config.STEPS_PER_EPOCH steps (the TPU
         # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
@@ -83,25 +82,22 @@ def main(argv=None):  # +
             trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)  # +
             model.fit(trainDs, epochs=config.EPOCHS,
                 steps_per_epoch=config.STEPS_PER_EPOCH,
-                validation_data=valDs,
-                initial_epoch=run.initial_epoch, callbacks=run.callbacks,  # +
-                shuffle=False, verbose=plan.verbose)  # + trainDs is shuffled
+                validation_data=valDs)
             history = model.history.history  # + the losses, for the run record
 
     # grab 8 different digits from the validation set (the article takes valDs'
     # first batch), the same for every run, repeated so every replica has some,
     # and predict them in one batch (Keras' default of 32 starves replicas past 32)
     print("[INFO] evaluating the model...")
-    testIm = figure_digits(plan.source.examples(config.VALIDATION_FLAG), numAcc)
-    predIm = model.predict(testIm,
-        batch_size=len(testIm), verbose=0)  # +
+    testIm = figure_digits(config.VALIDATION_FLAG, numAcc)
+    predIm = model.predict(testIm)
     record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
 
     # create subplots: a Figure of its own, not pyplot's (no window, no global
-    # state); 4 x 16 inches at 80 dpi, not the article's (10, 40) at 100
-    fig = Figure(figsize=(4, 16), layout="constrained")
-    axes = fig.subplots(nrows=8, ncols=2,
-        subplot_kw={"xticks": [], "yticks": []})  # + pixel ticks tell nothing
+    # state); 4 x 16 inches at 80 dpi, not the article's (10, 40) at 100, and
+    # no pixel ticks, which tell nothing
+    fig = Figure(figsize=(4, 16), layout="constrained", dpi=80)
+    axes = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
     fig.suptitle(outputs.figure_title(plan, record), fontsize="medium")  # + the run
 
     # iterate over the subplots and fill with test and predicted images, in
@@ -116,12 +112,12 @@ def main(argv=None):  # +
         ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
         ax[1].set_title("Predicted Image")
 
-    # save the figure: the listing's fig.savefig(config.CPU_IMG_PATH) (under
-    # --output-dir), staged with the run record and the model, the three
-    # replacing earlier ones together (RunOutputs also makes the folder)
+    # save the figure (RunOutputs makes the folder, the article's os lines)
     print("[INFO] saving the predicted images...")
-    with outputs.RunOutputs(plan, run, record) as staged:  # + all three or none
-        fig.savefig(staged.path("png"), dpi=80)  # + config.CPU_IMG_PATH, staged
+    # + figure, run record and model replace earlier ones together: in the
+    # + block, config.CPU_IMG_PATH is the staged figure's path under --output-dir
+    with outputs.RunOutputs(plan, run, record) as staged:  # +
+        fig.savefig(config.CPU_IMG_PATH)
         model.save(staged.path("keras"))  # +
 
 

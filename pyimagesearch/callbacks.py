@@ -20,12 +20,14 @@ step indices `fit` passes. One implementation each:
 """
 import dataclasses
 import datetime
+import functools
 import math
 import time
 import keras
 import numpy as np
 import tensorflow as tf
-from pyimagesearch import exits
+from pyimagesearch import config, exits
+from pyimagesearch.data import figure_batch
 from pyimagesearch.errors import UserError
 from pyimagesearch.files import join
 
@@ -140,6 +142,7 @@ class RunCallbacks:
     timer: EpochTimer
     backup: object  # a backup.Backup with --backup-dir (loaded only then), else None
     steps_per_epoch: int
+    plan: object = None    # the RunPlan they were made for (tune reads it)
     start: int = 0         # global steps trained before this run (a resumed backup's)
     started: datetime.datetime = dataclasses.field(  # for the run record
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc))
@@ -153,6 +156,27 @@ class RunCallbacks:
     def initial_epoch(self):
         """The epoch fit starts from: the first one not finished."""
         return -(-self.start // self.steps_per_epoch)
+
+    def tune(self, model):
+        """What the run adds to the article's compile, fit and predict, set on `model`.
+
+        After `model.compile(loss=mseLoss, optimizer=config.OPTIMIZER)`: the
+        steps per call into the compiled step (fewer calls from Python) and
+        XLA (--jit-compile; JAX compiles every step anyway); `model.fit` then
+        takes this run's callbacks, the epoch a backup resumes from, its
+        verbosity and no shuffle (trainDs is shuffled already); and
+        `model.predict` takes the figure's digits in one batch (Keras' 32
+        would starve replicas past 32), without a progress bar.
+        """
+        plan = self.plan
+        model.steps_per_execution = plan.steps_per_execution
+        model.jit_compile = plan.jit_compile
+        model.fit = functools.partial(model.fit, initial_epoch=self.initial_epoch,
+                                      callbacks=self.callbacks, shuffle=False,
+                                      verbose=plan.verbose)
+        model.predict = functools.partial(
+            model.predict, verbose=0,
+            batch_size=figure_batch(config.NUM_FIGURE_DIGITS, plan.replicas))
 
     def finish_epoch(self, model, trainDs, valDs, verbose):
         """After a resume in mid-epoch, train the rest of that epoch; the batches after it.
@@ -238,4 +262,4 @@ def make_callbacks(plan, digits):
             callbacks.append(ProfileSteps(join(logdir, "train"), *settings.profile_steps,
                                           plan.steps_per_execution))
         callbacks.append(EpochSummaries(logdir, digits, plan.global_batch_size, timer))
-    return RunCallbacks(callbacks, timer, backup, plan.steps_per_epoch)
+    return RunCallbacks(callbacks, timer, backup, plan.steps_per_epoch, plan)

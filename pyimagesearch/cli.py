@@ -1,10 +1,13 @@
 """The command line of the three training scripts: flags, what they add to a run, one-line exits.
 
+- `one_run`: the scripts' main() is decorated with it: the flags' values
+  hold in config for the length of the run, and config.py's after it;
 - `parse_args`: the flags (each defaults to config.py), TF_CONFIG and the
   output folders, all checked before any device is set up;
 - `configure`: sets config.py's names to the values the flags give them on
   a strategy (batch, steps, epochs, seed, the optimizer with its learning
-  rate), which the listing's lines then read; returns the run's `plan`;
+  rate), which the listing's lines then read; returns the run's `plan`,
+  which get_data and figure_digits then read;
 - `plan`: what the flags ask of a run on its strategy (a RunPlan, which
   `get_data` reads): global batch, steps, data source, precision;
 - `callbacks`: the callbacks the flags ask for (timer, backup, TensorBoard,
@@ -24,8 +27,9 @@ from pyimagesearch import config
 from pyimagesearch.errors import EXIT_USER_ERROR, NothingToDo, OneLineParser, UserError  # noqa: F401
 from pyimagesearch.exits import note_run, run_main  # noqa: F401  (the scripts')
 from pyimagesearch.files import check_output_dir
-from pyimagesearch.plan import (PRECISIONS, Settings, figure_path, put_config_back, set_config,
-                                written)
+from pyimagesearch.plan import (Settings, figure_path, one_run, set_run,  # noqa: F401
+                                start_data_at, written)
+from pyimagesearch.strategies import PRECISIONS, set_precision
 from pyimagesearch.sources import SOURCES
 
 
@@ -216,7 +220,6 @@ def parse_args(device, description, argv=None):
     (train_gpu.py only), else None; every folder this process will write
     is created and proven writable.
     """
-    put_config_back()  # an earlier run's flags in this process: its defaults are config.py's
     args = build_parser(device, description).parse_args(argv)
     args.cluster = read_cluster(device)
     note_run(args.cluster)  # run_main reports a lost peer of it; --backup-dir resumes it
@@ -235,8 +238,8 @@ def configure(device, args, strategy):
     on CPU and GPU) derived from it; on a TPU, TPU_VALIDATION_STEPS as the
     data source allows; and OPTIMIZER, a Keras optimizer config that carries
     the learning rate (scaled by --lr-scaling), which compile() builds inside
-    the strategy's scope. What they were before is kept (settings.written),
-    and put back when the next run in this process reads its flags.
+    the strategy's scope. Inside `one_run` only: its end puts config.py's
+    values back. The plan is the run's: get_data and figure_digits read it.
     """
     run = plan(device, args, strategy)
     values = dict(SEED=args.seed, EPOCHS=args.epochs, OPTIMIZER=run.optimizer_config())
@@ -246,7 +249,7 @@ def configure(device, args, strategy):
                       TPU_VALIDATION_STEPS=run.validation.steps)
     else:
         values.update(BATCH_SIZE=args.batch_size, STEPS_PER_EPOCH=run.steps_per_epoch)
-    set_config(values)
+    set_run(values, run)
     return run
 
 
@@ -260,7 +263,6 @@ def plan(device, args, strategy):
     """
     from pyimagesearch.sources import probe_network, resolve_data_dir, resolve_source
     from pyimagesearch.plan import check_levers, plan_run
-    from pyimagesearch.plan import set_precision
 
     settings = Settings.from_args(args)
     backend = getattr(strategy, "keras_backend", "tensorflow")
@@ -348,14 +350,15 @@ def callbacks(plan):
     """The callbacks the flags ask for, as RunCallbacks, after reading the backup.
 
     Its `start` is the global steps a backup (--backup-dir) has trained
-    already: training resumes there.
+    already: training resumes there, and the run's get_data starts its
+    training batches there.
     """
     from pyimagesearch.data import figure_digits
     from pyimagesearch.callbacks import make_callbacks
 
     run_callbacks = make_callbacks(plan, figure_digits(
         plan.source.examples(config.VALIDATION_FLAG)))
-    run_callbacks.resume(plan.cluster)
+    start_data_at(run_callbacks.resume(plan.cluster))
     return run_callbacks
 
 

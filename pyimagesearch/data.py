@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from pyimagesearch import config
 from pyimagesearch.pipeline import Reading
+from pyimagesearch.plan import under_way
 from pyimagesearch.sources import resolve_source
 
 
@@ -27,8 +28,9 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
     repeat, drop_remainder, images, batches); `input_context` makes it one
     input pipeline of several, which yields its replicas' slices.
 
-    The training scripts pass `plan` (cli.plan: the run the flags describe,
-    on its strategy), and the split is read as that run needs it:
+    Inside a training script's run (cli.one_run, after cli.configure), or
+    given `plan` (cli.plan: the run the flags describe, on its strategy), the
+    split is read as that run needs it:
 
     - shuffled (training): from the plan's data source, in the order the
       run's seed gives, repeated, in full batches, after the first `skip`
@@ -39,6 +41,8 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
     - under MultiWorkerMirroredStrategy each worker builds its own
       replicas' slices of the same global batches.
     """
+    if plan is None and under_way():
+        plan, skip = under_way()[0], (under_way()[1] if shuffleSize else skip)
     if plan is None:
         if isinstance(source, str):
             source = resolve_source(source, dataName, data_dir)
@@ -73,20 +77,31 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
 
 
 def figure_digits(examples, replicas=1, count=config.NUM_FIGURE_DIGITS):
-    """`count` digits of different classes from a split's (images, labels), as floats in [0, 1].
+    """`count` digits of different classes from a split, as floats in [0, 1].
 
-    The first image of each of the split's first `count` classes (0 to 7 on
-    MNIST and the sample), so every figure of every run shows the same 8
-    different digits; a split with fewer classes fills up with images spaced
-    evenly through it. They are repeated up to a multiple of `replicas` (at
-    least `count`): Keras' predict splits a batch between the replicas, and
-    one left with no image fails.
+    `examples` is a split's (images, labels), or the split's name, read from
+    the data source of the run under way (cli.configure). The first image of
+    each of the split's first `count` classes (0 to 7 on MNIST and the
+    sample), so every figure of every run shows the same 8 different digits;
+    a split with fewer classes fills up with images spaced evenly through
+    it. They are repeated up to a multiple of `replicas` (at least `count`):
+    Keras' predict splits a batch between the replicas, and one left with no
+    image fails.
     """
+    if isinstance(examples, str):
+        if not under_way():
+            raise ValueError(f"figure_digits({examples!r}) reads the split of the run under "
+                             "way: configure one first, or pass (images, labels)")
+        examples = under_way()[0].source.examples(examples)
     images, labels = examples
     labels = np.asarray(labels)
     picks = [int(np.flatnonzero(labels == digit)[0]) for digit in np.unique(labels)[:count]]
     for spread in np.linspace(0, len(images) - 1, count).astype(int):
         if len(picks) < count and int(spread) not in picks:
             picks.append(int(spread))
-    total = -(-len(picks) // replicas) * replicas  # the next multiple of replicas
-    return images[np.resize(picks, total)].astype(np.float32) / 255.0
+    return images[np.resize(picks, figure_batch(len(picks), replicas))].astype(np.float32) / 255.0
+
+
+def figure_batch(digits, replicas):
+    """How many images `digits` digits make, repeated up to a multiple of `replicas`."""
+    return -(-digits // replicas) * replicas

@@ -16,10 +16,10 @@ import sys
 import keras
 import tensorflow as tf
 
-# autoencoder, loss and plan (its optimizer): registered for load_model
-from pyimagesearch import autoencoder, config, loss  # noqa: F401
+# autoencoder, loss and strategies (its optimizer): registered for load_model
+from pyimagesearch import autoencoder, config, loss, strategies  # noqa: F401
 from pyimagesearch.files import StagedOutputs, join, published, scratch_folder, write_json
-from pyimagesearch.plan import flags_apart
+from pyimagesearch.plan import flags_apart, override
 from pyimagesearch.runtime import detect
 
 
@@ -32,10 +32,13 @@ class RunOutputs:
     """The outputs of a run, staged: they replace the earlier ones together, or not at all.
 
     with RunOutputs(plan, run, record) as staged:
-        fig.savefig(staged.path("png"))
+        fig.savefig(config.TPU_IMG_PATH)   # the device's figure path: staged in the block
         model.save(staged.path("keras"))
 
-    The run record is written as <name>.json. When the block ends without an
+    Inside the block the device's figure path in config (CPU_IMG_PATH,
+    GPU_IMG_PATH or TPU_IMG_PATH) is the staged figure's, so the article's
+    `fig.savefig(config.TPU_IMG_PATH)` writes it. The run record is written
+    as <name>.json. When the block ends without an
     error the three are swapped in and the backup, no longer needed, is
     deleted. A worker that is not the chief saves too, as TensorFlow's
     multi-worker guide asks (saving may run collectives), into a scratch
@@ -55,6 +58,9 @@ class RunOutputs:
         except BaseException:
             self._staged.__exit__(*sys.exc_info())  # one line naming the scratch folder
             raise
+        self._figure = f"{plan.device.upper()}_IMG_PATH"
+        self._figure_was = getattr(config, self._figure)
+        override({self._figure: self.path("png")})
         return self
 
     def path(self, suffix):
@@ -62,6 +68,7 @@ class RunOutputs:
         return self._staged.path(f"{self.plan.name}.{suffix}")
 
     def __exit__(self, kind, value, traceback):
+        override({self._figure: self._figure_was})
         try:
             self._staged.__exit__(kind, value, traceback)
         finally:
@@ -153,7 +160,7 @@ def figure(title, images, predicted):
     """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(4, 16), layout="constrained")
+    fig = Figure(figsize=(4, 16), layout="constrained", dpi=80)
     rows = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
     fig.suptitle(title, fontsize="medium")
     for row, pair in zip(rows, zip(images[:8], predicted[:8])):

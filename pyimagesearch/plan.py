@@ -9,8 +9,8 @@ outputs all read the plan, never the argparse namespace.
 
 Also here:
 - What a run is asked to do (`Settings`, from the flags), and the name its outputs take.
-- The two speed levers TensorFlow's performance guide puts first: mixed precision and XLA.
 """
+import contextlib
 import dataclasses
 import os
 import re
@@ -28,9 +28,8 @@ from pyimagesearch.runtime import runtime_suffix, this_runtime
 # `run_name` names a run's figure, record, model, logs and backups from its
 # device and the flags that set it apart from the script's defaults
 # (`flags_apart`), so that a rerun replaces its own outputs and no other
-# run's. `set_config` sets config.py's names to a run's values in place,
-# keeping what they were for `written` and `put_config_back`. Nothing here
-# imports TensorFlow.
+# run's. Inside `one_run`, `set_run` sets config.py's names to a run's values
+# in place, and the scope puts config.py's back when it ends.
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The training flags, as parsed: every field is a flag of the same name."""
@@ -67,27 +66,63 @@ NAMED_FLAGS = ("epochs", "batch_size", "steps_per_epoch", "data_source", "seed",
                "learning_rate", "lr_scaling", "loop", "precision", "jit_compile")
 
 
-_written = {}  # config.py's values that a run's flags replaced (set_config)
+# the runs under way in this process, innermost last (one_run): config.py's
+# values before each, its plan, and the training steps its data skips
+_under_way = []
 
 
-def set_config(values):
-    """Set config's names to `values` ({name: value}) for a run, keeping what they were."""
-    put_config_back()
-    _written.update((name, getattr(config, name)) for name in values)
+@contextlib.contextmanager
+def one_run():
+    """A run's scope: inside it config's names take the run's values; after it, config.py's.
+
+    The scripts' main() is decorated with it (`@cli.one_run()`), so the flags
+    override the article's config values for the length of main() and no
+    longer: a second run in the same process, or a test, starts from
+    config.py again, whatever way the first one ended.
+    """
+    run = {"before": {name: value for name, value in vars(config).items() if name.isupper()},
+           "plan": None, "skip": 0}
+    _under_way.append(run)
+    try:
+        yield
+    finally:
+        _under_way.remove(run)
+        for name, value in run["before"].items():
+            setattr(config, name, value)
+
+
+def override(values):
+    """In a run's scope: config's names take `values` ({name: value}) until the scope ends."""
+    if not _under_way:
+        raise RuntimeError("config's values are set for a run: inside one_run() only, "
+                           "or they would outlive the run")
     for name, value in values.items():
         setattr(config, name, value)
 
 
-def put_config_back():
-    """config.py's values as they were before a run's flags set them (`set_config`)."""
-    for name, value in _written.items():
-        setattr(config, name, value)
-    _written.clear()
+def set_run(values, plan):
+    """In a run's scope: config's names take `values`, and `plan` is the run's."""
+    override(values)
+    _under_way[-1]["plan"] = plan
+
+
+def start_data_at(skip):
+    """The run's training data starts `skip` batches in (the steps a backup holds)."""
+    if _under_way:
+        _under_way[-1]["skip"] = skip
+
+
+def under_way():
+    """(plan, skip) of the run under way (get_data and figure_digits read it); None outside one."""
+    if not _under_way or _under_way[-1]["plan"] is None:
+        return None
+    return _under_way[-1]["plan"], _under_way[-1]["skip"]
 
 
 def written(name):
     """config.NAME as config.py (or a reader's edit of it) has it, not as a run's flags set it."""
-    return _written.get(name, getattr(config, name))
+    before = _under_way[0]["before"] if _under_way else {}
+    return before.get(name, getattr(config, name))
 
 
 def default_settings(device):
@@ -151,60 +186,6 @@ def figure_path(device):
     """
     return getattr(config, f"{device.upper()}_IMG_PATH")
 
-
-
-# --- The two speed levers TensorFlow's performance guide puts first: mixed precision and XLA ---
-# Mixed precision computes in 16 bits where it is safe and keeps the variables
-# in float32. `mixed_float16` is for NVIDIA GPUs with tensor cores (Volta and
-# later); its narrow range needs loss scaling (Keras' `LossScaleOptimizer`,
-# which multiplies the loss before the gradients and divides them after).
-# `mixed_bfloat16` has float32's range and needs none: it is what TPUs compute
-# in natively, and what recent CPUs (AVX512-BF16, AMX) and Ampere-or-later GPUs
-# support. The model's last layer and the loss stay float32 (see AutoEncoder and
-# loss.per_image_mse), so the saved model's output is float32.
-#
-# XLA (`--jit-compile`) compiles the train step into fused kernels.
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-
-
-def set_precision(name):
-    """Set Keras' global dtype policy; call it before the model is built."""
-    keras.mixed_precision.set_global_policy(name)
-
-
-def with_loss_scaling(optimizer, name):
-    """Wrap `optimizer` in a LossScaleOptimizer where float16 needs it.
-
-    Keras would wrap it inside `compile` too; wrapping here makes it the same
-    optimizer for `fit` and the custom loop, which scales its loss itself.
-    """
-    if name == "mixed_float16":
-        return ReplicasAgreeLossScaleOptimizer(optimizer)
-    return optimizer
-
-
-@keras.saving.register_keras_serializable(package="pyimagesearch")
-class ReplicasAgreeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-    """Keras' LossScaleOptimizer, with every replica taking the same skip decision.
-
-    Keras 3.15 decides whether gradients overflowed from each replica's own
-    gradients before they are all-reduced: under MirroredStrategy from the
-    first replica's alone (so another replica's inf reaches the update and
-    stays in Adam's state), under MultiWorkerMirroredStrategy per replica (so
-    one worker enters the all-reduce inside `apply` while another skips it,
-    and both hang). Here the replicas all-reduce their "finite" flags first.
-    """
-
-    def check_finite(self, grads):
-        finite = super().check_finite(grads)
-        import tensorflow as tf
-
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync == 1:
-            return finite
-        overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                        tf.cast(tf.logical_not(finite), tf.float32))
-        return tf.equal(overflowed, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,8 +334,6 @@ class RunPlan:
 
 def make_optimizer(name, learning_rate):
     """A fresh Keras optimizer called `name` ("adam" or "sgd")."""
-    import keras
-
     if name == "adam":
         return keras.optimizers.Adam(learning_rate=learning_rate)
     if name == "sgd":

@@ -8,8 +8,8 @@ need around them, and the strategies that stand in for hardware:
 - `check_gpus`: no GPU, or a CUDA that will not load, is one line that
   gives TensorFlow's own cause;
 - `tpu_errors`: the article's four TPU calls inside it fail in one line
-  that gives TensorFlow's cause (tpu_lookup.py, loaded for a TPU
-  only);
+  that gives TensorFlow's cause, and its TPUClusterResolver() is found
+  within a time limit (tpu_lookup.py, loaded for a TPU only);
 - `rehearsal`: N logical CPU devices under MirroredStrategy, standing in
   for N GPUs or TPU cores;
 - `multi_worker`: MultiWorkerMirroredStrategy for one worker of a
@@ -17,11 +17,16 @@ need around them, and the strategies that stand in for hardware:
   loaded for a cluster only);
 - `data_parallel`: Keras on JAX's DataParallel, for train_tpu.py on a JAX TPU image.
 
+Beside them, the compute precision (`set_precision`, loss scaling for
+float16), set before the model is built.
+
 Device set-up in TensorFlow must happen before its runtime starts (the first
 op), so the scripts build their strategy first thing after parsing flags.
 """
+import contextlib
 import re
 
+import keras
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
@@ -147,19 +152,31 @@ def data_parallel(replicas=None):
     return jax_route.strategy(replicas)
 
 
+@contextlib.contextmanager
 def tpu_errors(tpu=None):
     """Around the article's TPU set-up: whatever fails ends the run in one line.
 
-    with strategies.tpu_errors(args.tpu) as find:
-        tpu = find(tf.distribute.cluster_resolver.TPUClusterResolver)
+    with strategies.tpu_errors(args.tpu):
+        tpu = tf.distribute.cluster_resolver.TPUClusterResolver()
         ...
 
-    The lookup, its time limit and the one-line failures are
+    Inside the block the article's `TPUClusterResolver()` finds `tpu` (--tpu:
+    a name or a grpc:// address; None: what Colab, Kaggle or a TPU VM
+    provide) within tpu_lookup.TPU_LOOKUP_TIMEOUT_S and checks that something
+    answers at its address; TensorFlow's own class is back when the block
+    ends. The lookup, its time limit and the one-line failures are
     tpu_lookup.py's, loaded by the TPU scripts only.
     """
     from pyimagesearch.tpu_lookup import tpu_errors as around_tpu_set_up
 
-    return around_tpu_set_up(tpu)
+    resolvers = tf.distribute.cluster_resolver
+    resolver = resolvers.TPUClusterResolver
+    with around_tpu_set_up(tpu) as find:
+        resolvers.TPUClusterResolver = lambda: find(resolver)
+        try:
+            yield
+        finally:
+            resolvers.TPUClusterResolver = resolver
 
 
 def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
@@ -235,8 +252,60 @@ def for_device(device, rehearse=None, tpu=None):
     if device == "gpu":
         check_gpus()
         return tf.distribute.MirroredStrategy()
-    with tpu_errors(tpu) as find:
-        found = find(tf.distribute.cluster_resolver.TPUClusterResolver)
+    with tpu_errors(tpu):
+        found = tf.distribute.cluster_resolver.TPUClusterResolver()
         tf.config.experimental_connect_to_cluster(found)
         tf.tpu.experimental.initialize_tpu_system(found)
     return tf.distribute.TPUStrategy(found)
+
+
+# --- The two speed levers TensorFlow's performance guide puts first: mixed precision and XLA ---
+# Mixed precision computes in 16 bits where it is safe and keeps the variables
+# in float32. `mixed_float16` is for NVIDIA GPUs with tensor cores (Volta and
+# later); its narrow range needs loss scaling (Keras' `LossScaleOptimizer`,
+# which multiplies the loss before the gradients and divides them after).
+# `mixed_bfloat16` has float32's range and needs none: it is what TPUs compute
+# in natively, and what recent CPUs (AVX512-BF16, AMX) and Ampere-or-later GPUs
+# support. The model's last layer and the loss stay float32 (see AutoEncoder and
+# loss.per_image_mse), so the saved model's output is float32.
+#
+# XLA (`--jit-compile`) compiles the train step into fused kernels.
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def set_precision(name):
+    """Set Keras' global dtype policy; call it before the model is built."""
+    keras.mixed_precision.set_global_policy(name)
+
+
+def with_loss_scaling(optimizer, name):
+    """Wrap `optimizer` in a LossScaleOptimizer where float16 needs it.
+
+    Keras would wrap it inside `compile` too; wrapping here makes it the same
+    optimizer for `fit` and the custom loop, which scales its loss itself.
+    """
+    if name == "mixed_float16":
+        return ReplicasAgreeLossScaleOptimizer(optimizer)
+    return optimizer
+
+
+@keras.saving.register_keras_serializable(package="pyimagesearch")
+class ReplicasAgreeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' LossScaleOptimizer, with every replica taking the same skip decision.
+
+    Keras 3.15 decides whether gradients overflowed from each replica's own
+    gradients before they are all-reduced: under MirroredStrategy from the
+    first replica's alone (so another replica's inf reaches the update and
+    stays in Adam's state), under MultiWorkerMirroredStrategy per replica (so
+    one worker enters the all-reduce inside `apply` while another skips it,
+    and both hang). Here the replicas all-reduce their "finite" flags first.
+    """
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                        tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflowed, 0.0)

@@ -99,19 +99,6 @@ def one_line(result):
     return lines[0]
 
 
-@pytest.fixture(autouse=True)
-def config_as_written(monkeypatch):
-    """After each test, config.py's values as they were: a run's flags set them in place.
-
-    It asks for monkeypatch, so it ends first: a test's own patch of config
-    is undone after the run's values are put back (settings.put_config_back).
-    """
-    yield
-    from pyimagesearch import plan as settings
-
-    settings.put_config_back()
-
-
 @pytest.fixture
 def repo():
     """The repository root, for running the scripts as a reader would."""

@@ -652,7 +652,7 @@ LISTING_STEPS = {
     ("train_tpu.py", "5-82"): ["import tensorflow as tf", "set_random_seed(config.SEED)",
                                "TPUStrategy(", "numAcc = strategy.num_replicas_in_sync",
                                "batchSize=config.TPU_BATCH_SIZE",
-                               "MSELoss(scale=1 if on_jax else numAcc)",
+                               'MSELoss(scale=1 if keras.backend.backend() == "jax" else numAcc)',
                                "optimizer=config.OPTIMIZER", "epochs=config.EPOCHS",
                                "steps_per_epoch=config.TPU_STEPS_PER_EPOCH", ".predict(",
                                "Input Image", "Predicted Image", ".savefig("],
@@ -688,8 +688,9 @@ def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
         assert first.startswith(f"`{home}` line"), first
     # the listings table points into the script too
     readme = _flat(README.read_text())
-    assert "`MSELoss(scale=1 if on_jax else numAcc)`, `train_tpu.py` line 85" in readme
-    assert "MSELoss(scale=1 if on_jax else numAcc)" in _script_lines("line 85")
+    scale = 'MSELoss(scale=1 if keras.backend.backend() == "jax" else numAcc)'
+    assert f"`{scale}`, `train_tpu.py` line 83" in readme
+    assert scale in _script_lines("line 83")
     assert "(`train_tpu.py` lines 107-133)" in readme
     assert ".predict(" in _script_lines("lines 107-133") and "imshow" in _script_lines(
         "lines 107-133")

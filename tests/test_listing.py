@@ -10,6 +10,7 @@ departures table; count, by wrapping them before a script runs, that
 with. The package's shape: tests/test_package.py.
 """
 import ast
+import builtins
 import copy
 import dataclasses
 import difflib
@@ -336,3 +337,52 @@ def test_the_figure_names_its_run_and_whose_digits_it_shows(label, says):
     title = figure_title(plan, {"val_loss": [0.5, 0.00721]}).splitlines()
     assert title == ["tpu_rehearsal: val_loss 0.0072", "batch 1024, 58 steps/epoch, lr 0.001",
                      says]
+
+
+# --- the "# +" rule, literally -----------------------------------------------
+COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)
+
+
+def _statement_lines(node):
+    """The lines of a simple statement, or of a compound one's header, that hold code."""
+    last = node.body[0].lineno - 1 if isinstance(node, COMPOUND) else node.end_lineno
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return range(first, last + 1)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_statement_is_marked_whole_or_not_at_all(script):
+    # skipping the marked lines leaves whole statements: none is cut in two
+    source = (REPO / script).read_text()
+    code_lines = {number for number, line in enumerate(_code(REPO / script).splitlines(), 1)
+                  if line.strip()}
+    marked = marked_lines(source)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt):
+            lines = set(_statement_lines(node)) & code_lines
+            assert not (lines & marked) or lines <= marked, \
+                f"{script} line {node.lineno}: statement partly marked ({sorted(lines & marked)})"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_unmarked_lines_read_only_names_that_unmarked_lines_bind(script):
+    # what is left once the marked lines are skipped runs on its own names
+    source = (REPO / script).read_text()
+    marked = marked_lines(source)
+    tree = ast.parse(source)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in marked:
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.FunctionDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    read = {(node.id, node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+            and node.lineno not in marked}
+    assert sorted(name for name, line in read if name not in bound) == [], script

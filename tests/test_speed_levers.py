@@ -17,7 +17,7 @@ from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.plan import set_precision, with_loss_scaling
+from pyimagesearch.strategies import set_precision, with_loss_scaling
 
 SHORT = ["--epochs", "2", "--steps-per-epoch", "60", "--batch-size", "64",
          "--data-source", "sample"]
