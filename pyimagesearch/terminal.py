@@ -8,7 +8,8 @@ line a user needs:
 1. `quiet_tensorflow_import` and `native_stderr_quiet`: the start-up lines
    of importing TensorFlow and finding its devices ("Unable to register
    cuDNN factory", "could not find cuda drivers", "failed call to cuInit"
-   on a machine without a GPU) go to a temporary file, not the terminal.
+   on a machine without a GPU) go to a temporary file, not the terminal
+   (the import's only on releases whose import ignores TF_CPP_MIN_LOG_LEVEL).
    The block yields a `CapturedStderr`, so a caller can put what TensorFlow
    said (why it found no GPU, say) in its own line; if the block raises,
    what was captured is written back before the exception travels on
@@ -211,6 +212,36 @@ def open_closed_standard_streams():
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
+# TensorFlow releases whose `import tensorflow` keeps to TF_CPP_MIN_LOG_LEVEL: nothing
+# at 1 (what runtime.process sets) to 3; the hook is left out on them. Any other
+# release, or one not known, gets it (tests/test_workarounds.py holds the table)
+IMPORT_KEEPS_TO_THE_LEVEL = ("2.20.",)
+TENSORFLOW_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu")
+
+
+def import_ignores_the_level():
+    """True unless each installed TensorFlow build is a release of IMPORT_KEEPS_TO_THE_LEVEL.
+
+    Read from the distributions' metadata, before TensorFlow loads. No build
+    found (a source build, tf-nightly), unreadable metadata, or tensorflow-tpu
+    of any release: True, as before. tensorflow-tpu's import can load libtpu,
+    which keeps its own log levels (docs/tpus.md), and was not tried here.
+    """
+    import importlib.metadata
+
+    found = []
+    try:
+        for name in TENSORFLOW_BUILDS:
+            try:
+                found.append((name, importlib.metadata.version(name) or ""))
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    except Exception:  # a broken install's metadata: keep the hook, as before
+        return True
+    return not found or any(name == "tensorflow-tpu" or not version.startswith(
+        IMPORT_KEEPS_TO_THE_LEVEL) for name, version in found)
+
+
 def quiet_tensorflow_import():
     """Make the first `import tensorflow` in this process quiet, whoever imports it.
 
@@ -221,11 +252,16 @@ def quiet_tensorflow_import():
     import, as `native_stderr_quiet` quiets the other native moments.
 
     Upstream: tensorflow/tensorflow#100442 (TF_CPP_MIN_LOG_LEVEL=3 does not
-    silence the import; open). Still needed in TensorFlow 2.21.0, whose
-    import prints absl's preamble and "Could not find cuda drivers" twice
-    (tests/test_workarounds.py); 2.19.1 adds its cuDNN/cuBLAS factory lines.
+    silence the import; open). Still needed in TensorFlow 2.19.1 (absl's
+    preamble, its cuDNN/cuBLAS factory and "computation placer" lines) and
+    2.21.0 (absl's preamble, oneDNN and "Could not find cuda drivers", twice),
+    which print them at every level (tests/test_workarounds.py). Not needed
+    in 2.20.0, whose import prints nothing at levels 1 to 3 and its INFO
+    lines at 0: the hook is not installed there (`import_ignores_the_level`).
     """
     if "tensorflow" in sys.modules or os.environ.get(VERBOSE_ENV):
+        return
+    if not import_ignores_the_level():
         return
     if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlowFinder())
