@@ -137,6 +137,7 @@ CLUSTER_PREEMPTED = "preemption/cluster/gpu_rehearsal.json"
 INTEL = "machines/intel_xeon.json"
 JAX_REHEARSAL = "jax/tpu_rehearsal_jax.json"
 JAX_TF_REHEARSAL = "jax/tpu_rehearsal.json"
+NOTEBOOK_TIME = "notebook/first_run.json"
 
 
 def _large_batch_row(label, record):
@@ -176,6 +177,11 @@ QUOTES = [
            "tf": Figure(JAX_TF_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
     Quote("README.md", "The op moves {gb} GB for {gflop} GFLOP",
           {"gb": _giga(MATMUL, "bytes_moved"), "gflop": _giga(MATMUL, "flops")}),
+    Quote("README.md", "an estimated {colab} s on Colab's free CPU, [its run on one core here, "
+          "scaled](docs/notebook.md#how-long-the-first-run-all-takes) by the article's {cpu} s "
+          "CPU epoch", {
+              "colab": Figure(NOTEBOOK_TIME, ("colab_free_cpu_estimate_seconds",), "{:.0f}"),
+              "cpu": Figure(NOTEBOOK_TIME, ("article_cpu_epoch_seconds",))}),
 ]
 
 
@@ -602,6 +608,17 @@ def test_every_tool_answers_help():
         status, printed = answers[tool]
         assert status == 0, (tool, result.stderr)
         assert printed.startswith("usage:"), tool
+
+
+# the test suite's timings the README gives, as docs/development.md records them
+SUITE_TIMING = re.compile(r"\d+ passed in \d+ s")
+
+
+def test_the_readmes_test_suite_timings_are_development_mds():
+    recorded = _flat((REPO / "docs" / "development.md").read_text())
+    quoted = SUITE_TIMING.findall(_flat(README.read_text()))
+    assert quoted, "the README quotes no test suite timing"
+    assert [timing for timing in quoted if timing not in recorded] == []
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
