@@ -1,4 +1,19 @@
-"""Training configuration: the article's names, one constant per line.
+"""Training configuration, one constant per line: the article's names and this repository's.
+
+The article's listing reads 11 of these names: DATA_NAME, TRAIN_FLAG,
+VALIDATION_FLAG, SHUFFLE_SIZE, TPU_BATCH_SIZE, EPOCHS, TPU_STEPS_PER_EPOCH,
+TPU_VALIDATION_STEPS, OPTIMIZER, BASE_IMG_PATH and TPU_IMG_PATH. It never
+prints config.py: where it gives a value elsewhere, that value is here
+(DATA_NAME's MNIST and TPU_BATCH_SIZE's 1024 from its prose, EPOCHS 5 and
+TPU_STEPS_PER_EPOCH 58 from its TPU log, BASE_IMG_PATH and TPU_IMG_PATH from
+its tree's outputs/tpu.png); the other values are this repository's choice.
+The other 12 names are this repository's. Of them BATCH_SIZE (the 128 the
+article's prose gives the CPU and GPU), STEPS_PER_EPOCH (468, its CPU and GPU
+logs), SEED (its tf.random.set_seed(42)), IMAGE_SHAPE (its
+InputLayer((28, 28, 1))), NUM_FIGURE_DIGITS (its figure's 8 rows),
+CPU_IMG_PATH and GPU_IMG_PATH (its tree's cpu.png and gpu.png) hold values
+the article gives; TRAIN_IMAGES, VALIDATION_IMAGES, SAMPLE_VALIDATION_FRACTION,
+STEPS_PER_EXECUTION and LEARNING_RATE are this repository's alone.
 
 Every value here is a default; the training scripts let a flag override it:
 cli.configure sets these names to the flags' values for the run, which the

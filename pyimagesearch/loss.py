@@ -9,18 +9,18 @@ the same per-image values over the global batch with
 Why the scale. Under a `tf.distribute` strategy with N replicas, Keras runs
 the loss once per replica on 1/N of the global batch and *sums* the
 replicas' gradients, so each replica's loss must be divided by N. tf.keras 2
-(TensorFlow 2.15 and earlier), which the article used, divided every
-compiled loss by N itself, so the article's `MSELoss(scale=1)` was right
-there. Keras 3 still divides its own losses (`"mse"`) but leaves a callable
-that already returns a scalar, like this one, alone (checked with Keras
-3.15, see tests/test_loss_scaling.py): under Keras 3 it must be
-`MSELoss(scale=strategy.num_replicas_in_sync)`. Otherwise the gradients
-are N times too large (SGD steps N times too far; Adam, which divides each
-step by the gradient's running size, nearly cancels the factor), and the loss
-Keras prints is N times the error too: Keras multiplies the loss it logs
-by N, to undo the division it expects to have made (tools/check_listings.py
-measures 2.000 on 2 replicas, 8.000 on 8). With scale=N it prints the mean
-squared error itself.
+(TensorFlow 2.15 and earlier, the article's) divided a compiled loss by N
+itself when its reduction was AUTO or SUM_OVER_BATCH_SIZE (not SUM or NONE),
+and gave a plain callable like this one AUTO: the article's
+`MSELoss(scale=1)` was right there. Keras 3 still divides its own losses
+(`"mse"`) but leaves a callable that returns a scalar, like this one, alone
+(Keras 3.15, tests/test_loss_scaling.py): under Keras 3 it must be
+`MSELoss(scale=strategy.num_replicas_in_sync)`. Otherwise the gradients are N
+times too large (SGD steps N times too far; Adam, which divides each step by
+the gradient's running size, nearly cancels the factor), and the loss Keras
+prints is N times the error too: Keras multiplies the loss it logs by N, to
+undo the division it expects to have made (tools/check_listings.py measures
+2.000 on 2 replicas, 8.000 on 8). With scale=N it prints the error itself.
 
 Keras 3 on JAX (train_tpu.py's route on Colab's and Kaggle's TPUs) is
 different: under `keras.distribution.DataParallel` one jitted step sees the

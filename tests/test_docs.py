@@ -2,8 +2,10 @@
 
 What a reader relies on: the README is short and follows the article's order, the top
 level holds the article's scripts, every command and link in the documentation points at
-something that exists, every tool answers --help, Table 1 is what compare.py prints, and
-every figure quoted is the one in its record under outputs/quoted/.
+something that exists, every tool answers --help, every command the README gives gets past
+its script's argument checks as written, Table 1 is what compare.py prints, and every
+figure quoted is the one in its record under outputs/quoted/ (the test suite's timings,
+in docs/development.md).
 
 To quote a new figure: commit its record under outputs/quoted/ and add a Quote to QUOTES
 below: the document, the text exactly as it appears there with {name} for each figure,
@@ -137,6 +139,7 @@ CLUSTER_PREEMPTED = "preemption/cluster/gpu_rehearsal.json"
 INTEL = "machines/intel_xeon.json"
 JAX_REHEARSAL = "jax/tpu_rehearsal_jax.json"
 JAX_TF_REHEARSAL = "jax/tpu_rehearsal.json"
+NOTEBOOK_TIME = "notebook/first_run.json"
 
 
 def _large_batch_row(label, record):
@@ -176,6 +179,11 @@ QUOTES = [
            "tf": Figure(JAX_TF_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
     Quote("README.md", "The op moves {gb} GB for {gflop} GFLOP",
           {"gb": _giga(MATMUL, "bytes_moved"), "gflop": _giga(MATMUL, "flops")}),
+    Quote("README.md", "an estimated {colab} s on Colab's free CPU, [its run on one core here, "
+          "scaled](docs/notebook.md#how-long-the-first-run-all-takes) by the article's {cpu} s "
+          "CPU epoch", {
+              "colab": Figure(NOTEBOOK_TIME, ("colab_free_cpu_estimate_seconds",), "{:.0f}"),
+              "cpu": Figure(NOTEBOOK_TIME, ("article_cpu_epoch_seconds",))}),
 ]
 
 
@@ -602,6 +610,129 @@ def test_every_tool_answers_help():
         status, printed = answers[tool]
         assert status == 0, (tool, result.stderr)
         assert printed.startswith("usage:"), tool
+
+
+# --- the README's commands, as written -------------------------------------------------
+
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+SPAN = re.compile(r"`([^`]+)`")
+# a command line: VAR=value words, then python and a script; or `...` and its flags
+COMMAND = re.compile(r"\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*python3?\s+\S+\.py(?:\s|$)|\s*\.\.\.\s+-")
+
+
+def readme_commands(text):
+    """[(script, args)] of every `python X.py ...` in the README's code, as a shell splits it.
+
+    Fenced blocks line by line, inline spans whole (a span may wrap); `&&` and `;`
+    separate commands, leading VAR=value words are the environment, and a span
+    that opens with `...` continues the command before it (the large-batch table).
+    """
+    import shlex
+
+    pieces = [line for block in FENCED.findall(text) for line in block.splitlines()]
+    pieces += [" ".join(span.split()) for span in SPAN.findall(FENCED.sub("", text))]
+    commands = []
+    for piece in pieces:
+        for part in re.split(r"&&|;", piece):
+            if not COMMAND.match(part):
+                continue
+            words = shlex.split(part)
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+                words = words[1:]
+            if len(words) > 1 and words[0] in ("python", "python3") and \
+                    words[1].endswith(".py"):
+                commands.append((words[1], words[2:]))
+            elif words[:1] == ["..."] and commands:
+                commands.append((commands[-1][0], words[1:]))
+    return commands
+
+
+class _Parsed(Exception):
+    """Raised where a script's own argparse call returns: the flags parsed."""
+
+
+def _expand(args):
+    """The arguments as the shell passes them: a glob that matches, expanded."""
+    import glob
+
+    expanded = []
+    for arg in args:
+        matches = sorted(glob.glob(arg, root_dir=REPO)) if any(c in arg for c in "*?[") else []
+        expanded += matches or [arg]
+    return expanded
+
+
+def parse_problem(script, args, monkeypatch):
+    """'' if `python SCRIPT ARGS` gets past its argument checks, else what it said.
+
+    A module with its own parse_args (argument checks and all, without side
+    effects) is asked that; any other script runs its main() until its
+    argparse call returns, so that nothing after the parsing runs.
+    """
+    import argparse
+    import contextlib
+    import importlib
+    import io
+
+    module = importlib.import_module(Path(script).stem)
+    monkeypatch.setattr(sys, "argv", [script, *args])  # the usage line's name
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            own = getattr(module, "parse_args", None)
+            if own is not None and own.__module__ == module.__name__:
+                own(_expand(args))
+            else:
+                original = argparse.ArgumentParser.parse_args
+
+                def parse_then_stop(self, *given, **named):
+                    original(self, *given, **named)
+                    raise _Parsed
+
+                with monkeypatch.context() as patch:
+                    patch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+                    module.main(_expand(args))
+                return f"{script}: main() returned without parsing its arguments"
+    except _Parsed:
+        pass
+    except SystemExit as stop:
+        return f"{' '.join([script, *args])}: exit {stop.code}: {said.getvalue().strip()}"
+    return ""
+
+
+def test_every_readme_command_parses_as_written(monkeypatch):
+    commands = readme_commands(README.read_text())
+    scripts = {script for script, _ in commands}
+    # the tools and scripts a reader is told to run, each at least once
+    assert {"train_cpu.py", "train_gpu.py", "train_tpu.py", "compare.py",
+            "tools/check_listings.py", "tools/jax_loss_step.py",
+            "tools/benchmark_pipeline.py"} <= scripts, scripts
+    problems = [parse_problem(script, args, monkeypatch) for script, args in commands]
+    assert [problem for problem in problems if problem] == []
+
+
+def test_readme_command_extraction_and_parse_check_catch_a_missing_argument(monkeypatch):
+    text = ("run `python tools/benchmark_pipeline.py --input-only`, then\n"
+            "```\nA=1 python train_tpu.py --rehearse 8 && python -m pytest\n```\n"
+            "and `... --lr-scaling sqrt`")
+    commands = readme_commands(text)
+    assert commands == [("train_tpu.py", ["--rehearse", "8"]),
+                        ("tools/benchmark_pipeline.py", ["--input-only"]),
+                        ("tools/benchmark_pipeline.py", ["--lr-scaling", "sqrt"])]
+    assert parse_problem(*commands[0], monkeypatch) == ""
+    assert "--data-dir is needed" in parse_problem(*commands[1], monkeypatch)
+    assert "unrecognized arguments: --lr-scaling" in parse_problem(*commands[2], monkeypatch)
+
+
+# the test suite's timings the README gives, as docs/development.md records them
+SUITE_TIMING = re.compile(r"\d+ passed in \d+ s")
+
+
+def test_the_readmes_test_suite_timings_are_development_mds():
+    recorded = _flat((REPO / "docs" / "development.md").read_text())
+    quoted = SUITE_TIMING.findall(_flat(README.read_text()))
+    assert quoted, "the README quotes no test suite timing"
+    assert [timing for timing in quoted if timing not in recorded] == []
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

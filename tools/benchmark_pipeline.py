@@ -300,8 +300,8 @@ def input_only(args, source, command):
             "tensorflow_version": tf.__version__}
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+def parse_args(argv):
+    """The arguments, checked (one line and exit status 2 if they do not go together)."""
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None,
@@ -342,6 +342,12 @@ def main(argv=None):
     args.epochs = args.epochs or 2
     if args.trials is None:
         args.trials = 3 if args.input_only else 2
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
     if args.json:
         check_output_file(args.json)
     if args.profile_dir:

@@ -1,5 +1,6 @@
 """Run the article's listings as printed, each in a fresh interpreter, and record what happens.
 
+    python tools/check_listings.py        # prints what each listing did, writes nothing
     python tools/check_listings.py --json outputs/quoted/listings/tf221.json
     # the same with TensorFlow 2.20's Python
     VENV220/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
@@ -11,8 +12,9 @@ on 2 replicas against 1 device, and the loss fit prints with MSELoss(scale=1)
 against MSELoss(scale=N) on 2 and 8 replicas, under Keras 3 and under
 tf_keras with TF_USE_LEGACY_KERAS=1) run by the Python that runs this
 script, so the record says which TensorFlow and Keras it was. For each: the
-exit status, the last line printed (the error, if any) and the seconds taken.
-The README's listings table quotes these records.
+exit status, the last line printed (the error, if any) and the seconds taken,
+printed as each listing ends and, with --json, written as a record. The
+README's listings table quotes these records.
 """
 import argparse
 import os
@@ -288,7 +290,8 @@ def requirements():
 def main(argv=None):
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", required=True, help="where the record goes")
+    parser.add_argument("--json", default=None,
+                        help="also write the record here (default: only print each outcome)")
     parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
                         metavar="NAME",
                         help="run only these listings: " + ", ".join(LISTINGS))
@@ -296,7 +299,8 @@ def main(argv=None):
                         help="a folder holding the tf_keras package, if it is not installed "
                              "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
-    check_output_file(args.json)  # before the listings run, not after
+    if args.json is not None:
+        check_output_file(args.json)  # before the listings run, not after
     import keras
     import tensorflow as tf
 
@@ -309,6 +313,8 @@ def main(argv=None):
         results[name] = {"exit_status": status, "last_line": last, "seconds": seconds,
                          "TF_USE_LEGACY_KERAS": "1" if legacy else None}
         print(f"{name}: exit {status}, {seconds} s: {last}", flush=True)
+    if args.json is None:
+        return
     record = {"tensorflow_version": tf.__version__, "keras_version": keras.__version__,
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},

@@ -9,7 +9,9 @@ ratio of the step to the one-device step (1.000: the same step; projected
 onto it) and the largest difference between the two. With the article's
 scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
 (tests/test_loss_scaling.py): one jitted step sees the whole global batch.
-Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py).
+Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py):
+JAX and Keras are imported once the arguments are read, so that importing
+this module (parse_args, as tests/test_docs.py does) loads neither.
 """
 import argparse
 import datetime
@@ -18,17 +20,7 @@ import os
 import platform
 import sys
 
-os.environ["KERAS_BACKEND"] = "jax"  # before Keras' import: this tool is JAX's
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import jax  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-from pyimagesearch.autoencoder import AutoEncoder  # noqa: E402
-from pyimagesearch.loss import MSELoss  # noqa: E402
-from pyimagesearch.jax_route import DataParallel  # noqa: E402
 
 GLOBAL_BATCH = 32
 LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off
@@ -36,6 +28,13 @@ LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off
 
 def one_step(devices, scale, images):
     """The update of one SGD step from seed 0's weights, on DataParallel over `devices`."""
+    import keras
+    import numpy as np
+
+    from pyimagesearch.autoencoder import AutoEncoder
+    from pyimagesearch.jax_route import DataParallel
+    from pyimagesearch.loss import MSELoss
+
     keras.utils.set_random_seed(0)
     strategy = DataParallel(devices=keras.distribution.list_devices("cpu")[:devices])
     with strategy.scope():
@@ -59,11 +58,27 @@ def case(text):
     return text
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="+", type=case, metavar="N:SCALE")
     parser.add_argument("--json", metavar="FILE", help="also write the record here")
+    return parser
+
+
+def parse_args(argv=None):
+    """The arguments, checked as far as they can be without JAX."""
+    return build_parser().parse_args(argv)
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
+    os.environ["KERAS_BACKEND"] = "jax"  # before Keras' import: this tool is JAX's
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import keras
+    import numpy as np
+
     available = len(keras.distribution.list_devices("cpu"))
     wanted = max(int(text.split(":")[0]) for text in args.cases)
     if wanted > available:
