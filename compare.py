@@ -327,6 +327,19 @@ def comparison_figure(runs, source):
     columns = 1 + len(predicted)
     figure = Figure(figsize=(1.9 * columns + 5, 1.5 * len(digits) + 1.5), layout="constrained")
     grid = figure.add_gridspec(len(digits), columns + 3)
+    draw_reconstructions(figure, grid, digits, predicted, records)
+    # what these runs compare on is how their validation loss falls: their
+    # seconds are those of whatever ran them (rehearsals: one shared CPU)
+    plain = FuncFormatter(lambda value, _: f"{value:.4g}")  # 0.0013, not 1.3 x 10^-3
+    draw_val_loss(figure.add_subplot(grid[:, columns:]), records, plain,
+                  MaxNLocator(integer=True))
+    figure.suptitle(f"the same 8 {source} validation digits reconstructed by each run,\n"
+                    "and its validation loss per epoch", fontsize=LABEL_POINTS + 3)
+    return figure
+
+
+def draw_reconstructions(figure, grid, digits, predicted, records):
+    """The input digits in `grid`'s first column, then a column per run's reconstructions."""
     for row, digit in enumerate(digits):
         axis = figure.add_subplot(grid[row, 0])
         axis.imshow(digit.squeeze(-1), cmap="gray", vmin=0, vmax=1)
@@ -341,26 +354,23 @@ def comparison_figure(runs, source):
             if row == 0:
                 axis.set_title("\n".join(run_label(name, records[name])),
                                fontsize=LABEL_POINTS)
-    # what these runs compare on is how their validation loss falls: their
-    # seconds are those of whatever ran them (rehearsals: one shared CPU)
-    curves = figure.add_subplot(grid[:, columns:])
+
+
+def draw_val_loss(curves, records, plain, epoch_locator):
+    """Each run's val_loss per epoch on the axes `curves`, a log scale labelled by `plain`."""
     for stem, record in records.items():
         epochs = range(1, len(record["val_loss"]) + 1)
         curves.plot(epochs, record["val_loss"], marker="o",
                     label="\n".join(wrapped(stem)))
     curves.set_yscale("log")
-    plain = FuncFormatter(lambda value, _: f"{value:.4g}")  # 0.0013, not 1.3 x 10^-3
     curves.yaxis.set_major_formatter(plain)
     curves.yaxis.set_minor_formatter(plain)
-    curves.xaxis.set_major_locator(MaxNLocator(integer=True))
+    curves.xaxis.set_major_locator(epoch_locator)
     curves.set_xlabel("epoch", fontsize=LABEL_POINTS)
     curves.set_ylabel("val_loss (log scale)", fontsize=LABEL_POINTS)
     curves.tick_params(labelsize=LABEL_POINTS)
     curves.set_title("validation loss per epoch", fontsize=LABEL_POINTS)
     curves.legend(fontsize=LABEL_POINTS - 2)
-    figure.suptitle(f"the same 8 {source} validation digits reconstructed by each run,\n"
-                    "and its validation loss per epoch", fontsize=LABEL_POINTS + 3)
-    return figure
 
 
 def gather(folders):

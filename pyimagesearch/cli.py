@@ -126,90 +126,108 @@ def startup_seconds(text):
     return value
 
 
+EVERY_DEVICE = ("cpu", "gpu", "tpu")
+
+# The flags of train_<device>.py in --help's order, a row each: flag, type (a
+# flag type, a tuple of choices, bool for a switch, None for text), default,
+# help, the devices whose script has it, metavar. A default or help that is a
+# function of the device is called as the parser is built: written() must read
+# config.py as it is then, and train_tpu.py's help says what differs on a TPU.
+FLAGS = (
+    ("--epochs", bounded_int(1, MAX_EPOCHS), lambda device: written("EPOCHS"),
+     "training epochs (default %(default)s)", EVERY_DEVICE, None),
+    ("--batch-size", positive_int,
+     lambda device: written("TPU_BATCH_SIZE") if device == "tpu" else written("BATCH_SIZE"),
+     lambda device: ("global batch, split evenly across the TPU cores" if device == "tpu" else
+                     "batch per replica; the global batch is this times the replica count")
+     + " (default %(default)s)", EVERY_DEVICE, None),
+    ("--steps-per-epoch", bounded_int(1, MAX_STEPS_PER_EPOCH), None,
+     lambda device: f"training steps per epoch (default: {config.TRAIN_IMAGES:,} images "
+                    "divided by the global batch; more steps fight the large-batch blur)",
+     EVERY_DEVICE, None),
+    ("--data-source", SOURCES, "auto",
+     "where MNIST comes from (default %(default)s: tfds if prepared or downloadable, else "
+     "the 5,000-digit sample; tfrecord: a folder tools/write_tfrecords.py wrote)",
+     EVERY_DEVICE, None),
+    ("--data-dir", None, None,
+     "tensorflow_datasets data dir (default: $TFDS_DATA_DIR, else tfds' own default); with "
+     "--data-source tfrecord, the TFRecord folder, local or gs://...", EVERY_DEVICE, None),
+    ("--output-dir", None, lambda device: os.path.dirname(figure_path(device)) or ".",
+     lambda device: "where the figure, run record and model go: a folder or a bucket, "
+                    "gs://... (default %(default)s, the folder "
+                    f"of config.{device.upper()}_IMG_PATH)", EVERY_DEVICE, None),
+    ("--seed", seed, lambda device: written("SEED"),
+     "random seed (default %(default)s)", EVERY_DEVICE, None),
+    ("--optimizer", OPTIMIZERS, lambda device: written("OPTIMIZER"),
+     "optimizer (default %(default)s)", EVERY_DEVICE, None),
+    ("--learning-rate", positive_float, lambda device: written("LEARNING_RATE"),
+     "learning rate (default %(default)s)", EVERY_DEVICE, None),
+    ("--lr-scaling", LR_SCALINGS, "none",
+     lambda device: "scale the learning rate with the global batch over "
+                    f"{written('BATCH_SIZE')} (default %(default)s)", EVERY_DEVICE, None),
+    ("--loop", LOOPS, "fit",
+     "model.fit, or the explicit custom loop with tf.nn.compute_average_loss "
+     "(default %(default)s)", EVERY_DEVICE, None),
+    ("--precision", PRECISIONS, "float32",
+     lambda device: "compute precision (default %(default)s, the article's): mixed_float16 "
+                    "for NVIDIA GPUs with tensor cores (with loss scaling), mixed_bfloat16 "
+                    "for TPUs" + (", their native format" if device == "tpu" else "")
+                    + ", and recent CPUs", EVERY_DEVICE, None),
+    ("--jit-compile", bool, False, "compile the train step with XLA", EVERY_DEVICE, None),
+    ("--backup-dir", None, None,
+     "back up model and optimizer state here (a folder or gs://...) at every epoch end; "
+     "the same command after a crash resumes from it; a finished run deletes it",
+     EVERY_DEVICE, "DIR"),
+    ("--backup-every", positive_int, None,
+     lambda device: "also back up every N training steps (a resumed run restarts the "
+                    "epoch it was in)" + ("; a TPU runs a whole epoch per call, so it "
+                                          "backs up at epoch ends only"
+                                          if device == "tpu" else ""), EVERY_DEVICE, "N"),
+    ("--logdir", None, None,
+     "write TensorBoard logs into DIR/<run name>/<start time>, e.g. "
+     "logs/cpu/20261203-120000: `tensorboard --logdir DIR` compares the runs",
+     EVERY_DEVICE, "DIR"),
+    ("--profile-steps", step_range, None,
+     lambda device: "capture a profiler trace of training steps A to B into the log dir "
+                    "(--logdir, else logs)" + ("; on a TPU, of the whole epochs that hold "
+                                               "them" if device == "tpu" else ""),
+     EVERY_DEVICE, "A,B"),
+    ("--rehearse", bounded_int(1, MAX_REHEARSAL_DEVICES), None,
+     f"split the CPU into N logical devices (at most {MAX_REHEARSAL_DEVICES}) and run this "
+     "very configuration on them, no accelerator needed", ("gpu", "tpu"), "N"),
+    ("--startup-timeout", startup_seconds, STARTUP_TIMEOUT_S,
+     "under TF_CONFIG, how long to wait for the other workers to start before giving up "
+     "(default %(default)s)", ("gpu",), "SECONDS"),
+    ("--tpu", None, None,
+     "TPU name or grpc:// address (default: found from the environment: Colab, Kaggle or "
+     "a TPU VM)", ("tpu",), None),
+)
+
+
+def _for_device(value, device):
+    """A row's default or help on `device`: a function of the device is called, else as is."""
+    return value(device) if callable(value) else value
+
+
+def _kind_arguments(kind, metavar):
+    """add_argument's keywords for a row's type and metavar (a switch takes neither)."""
+    if kind is bool:
+        return {"action": "store_true"}
+    arguments = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
+    if metavar:
+        arguments["metavar"] = metavar
+    return arguments
+
+
 def build_parser(device, description):
     """The flags of train_<device>.py; `device` is cpu, gpu or tpu."""
     parser = OneLineParser(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    on_tpu = device == "tpu"
-    parser.add_argument("--epochs", type=bounded_int(1, MAX_EPOCHS), default=written("EPOCHS"),
-                        help="training epochs (default %(default)s)")
-    parser.add_argument(
-        "--batch-size", type=positive_int,
-        default=written("TPU_BATCH_SIZE") if on_tpu else written("BATCH_SIZE"),
-        help=("global batch, split evenly across the TPU cores" if on_tpu else
-              "batch per replica; the global batch is this times the replica count")
-        + " (default %(default)s)")
-    parser.add_argument(
-        "--steps-per-epoch", type=bounded_int(1, MAX_STEPS_PER_EPOCH), default=None,
-        help=f"training steps per epoch (default: {config.TRAIN_IMAGES:,} images "
-             "divided by the global batch; more steps fight the large-batch blur)")
-    parser.add_argument("--data-source", choices=SOURCES, default="auto",
-                        help="where MNIST comes from (default %(default)s: tfds if "
-                             "prepared or downloadable, else the 5,000-digit sample; "
-                             "tfrecord: a folder tools/write_tfrecords.py wrote)")
-    parser.add_argument("--data-dir", default=None,
-                        help="tensorflow_datasets data dir (default: $TFDS_DATA_DIR, "
-                             "else tfds' own default); with --data-source tfrecord, "
-                             "the TFRecord folder, local or gs://...")
-    parser.add_argument("--output-dir", default=os.path.dirname(figure_path(device)) or ".",
-                        help="where the figure, run record and model go: a folder "
-                             "or a bucket, gs://... (default %(default)s, the folder "
-                             f"of config.{device.upper()}_IMG_PATH)")
-    parser.add_argument("--seed", type=seed, default=written("SEED"),
-                        help="random seed (default %(default)s)")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=written("OPTIMIZER"),
-                        help="optimizer (default %(default)s)")
-    parser.add_argument("--learning-rate", type=positive_float,
-                        default=written("LEARNING_RATE"),
-                        help="learning rate (default %(default)s)")
-    parser.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none",
-                        help="scale the learning rate with the global batch over "
-                             f"{written('BATCH_SIZE')} (default %(default)s)")
-    parser.add_argument("--loop", choices=LOOPS, default="fit",
-                        help="model.fit, or the explicit custom loop with "
-                             "tf.nn.compute_average_loss (default %(default)s)")
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, default="float32",
-        help="compute precision (default %(default)s, the article's): mixed_float16 "
-             "for NVIDIA GPUs with tensor cores (with loss scaling), mixed_bfloat16 for "
-             "TPUs" + (", their native format" if on_tpu else "") + ", and recent CPUs")
-    parser.add_argument("--jit-compile", action="store_true",
-                        help="compile the train step with XLA")
-    parser.add_argument("--backup-dir", default=None, metavar="DIR",
-                        help="back up model and optimizer state here (a folder or "
-                             "gs://...) at every epoch end; the same command after a "
-                             "crash resumes from it; a finished run deletes it")
-    parser.add_argument("--backup-every", type=positive_int, default=None, metavar="N",
-                        help="also back up every N training steps (a resumed run "
-                             "restarts the epoch it was in)" + (
-                                 "; a TPU runs a whole epoch per call, so it backs up "
-                                 "at epoch ends only" if on_tpu else ""))
-    parser.add_argument("--logdir", default=None, metavar="DIR",
-                        help="write TensorBoard logs into DIR/<run name>/<start time>, "
-                             "e.g. logs/cpu/20261203-120000: `tensorboard --logdir DIR` "
-                             "compares the runs")
-    parser.add_argument("--profile-steps", type=step_range, default=None, metavar="A,B",
-                        help="capture a profiler trace of training steps A to B into "
-                             "the log dir (--logdir, else logs)" + (
-                                 "; on a TPU, of the whole epochs that hold them"
-                                 if on_tpu else ""))
-    if device in ("gpu", "tpu"):
-        parser.add_argument(
-            "--rehearse", type=bounded_int(1, MAX_REHEARSAL_DEVICES), default=None,
-            metavar="N", help="split the CPU into N logical devices (at most "
-                              f"{MAX_REHEARSAL_DEVICES}) and run this very configuration "
-                              "on them, no accelerator needed")
-    if device == "gpu":
-        parser.add_argument(
-            "--startup-timeout", type=startup_seconds, default=STARTUP_TIMEOUT_S,
-            metavar="SECONDS", help="under TF_CONFIG, how long to wait for the other "
-                                    "workers to start before giving up (default "
-                                    "%(default)s)")
-    if on_tpu:
-        parser.add_argument("--tpu", default=None,
-                            help="TPU name or grpc:// address (default: found from "
-                                 "the environment: Colab, Kaggle or a TPU VM)")
+    for flag, kind, default, text, devices, metavar in FLAGS:
+        if device in devices:
+            parser.add_argument(flag, default=_for_device(default, device),
+                                help=_for_device(text, device), **_kind_arguments(kind, metavar))
     return parser
 
 

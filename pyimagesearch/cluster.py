@@ -156,9 +156,12 @@ def read_tf_config(environ=os.environ):
     if not text and is_jobset_pod(environ):
         text = environ["TF_CONFIG"] = tf_config(environ)
         print(f"[INFO] TF_CONFIG built from this JobSet pod's index: {text}", flush=True)
-    if not text:
-        environ.pop("TF_CONFIG", None)
-        return None
+    cluster, renamed = parse_tf_config(text) if text else (None, None)
+    return rewrite_tf_config(environ, cluster, renamed)
+
+
+def parse_tf_config(text):
+    """TF_CONFIG's text read: (its Cluster, its dict with "master" renamed "chief" or None)."""
     try:
         spec = json.loads(text)
     except ValueError as error:
@@ -169,7 +172,27 @@ def read_tf_config(environ=os.environ):
                         '{"type": "worker", "index": 0}}')
     cluster = {("chief" if role == "master" else role): hosts
                for role, hosts in spec["cluster"].items()}
+    tasks = _cluster_tasks(cluster)
     task = spec.get("task")
+    task_type, index = _task_place(task)
+    workers = len(tasks["chief"]) + len(tasks["worker"])
+    if task_type == EVALUATOR:  # TensorFlow's evaluator need not be in the cluster
+        return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"])), None
+    if not isinstance(index, int) or isinstance(index, bool) or not (
+            0 <= index < len(tasks[task_type])):
+        raise UserError(f"TF_CONFIG's task index {index!r} is outside the cluster's "
+                        f"{len(tasks[task_type])} {task_type} task(s)")
+    renamed = None
+    if "master" in spec["cluster"] or task.get("type") == "master":
+        renamed = {**spec, "cluster": cluster, "task": {**task, "type": task_type}}
+    peers = tuple((f"{role} {i}", host) for role in ROLES
+                  for i, host in enumerate(tasks[role]) if (role, i) != (task_type, index))
+    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers,
+                   address=tasks[task_type][index]), renamed
+
+
+def _cluster_tasks(cluster):
+    """TF_CONFIG's cluster checked: {role: ["host:port", ...]} for every role; UserError else."""
     unknown = sorted(set(cluster) - set(ROLES) - {EVALUATOR})
     if unknown:
         raise UserError(f"TF_CONFIG's cluster has {', '.join(unknown)} tasks; only "
@@ -189,6 +212,11 @@ def read_tf_config(environ=os.environ):
                         "every task needs a host:port of its own")
     if len(tasks["chief"]) > 1:
         raise UserError("TF_CONFIG's cluster may name one chief at most")
+    return tasks
+
+
+def _task_place(task):
+    """TF_CONFIG's task checked: (type, index), "master" read as "chief"; UserError else."""
     if not isinstance(task, dict):
         raise UserError('TF_CONFIG needs a "task" object, e.g. '
                         '{"type": "worker", "index": 0}')
@@ -197,25 +225,24 @@ def read_tf_config(environ=os.environ):
     if task_type not in (*ROLES, EVALUATOR):
         raise UserError(f"TF_CONFIG's task type is {task_type!r}; this script "
                         "runs as chief, worker or evaluator")
-    workers = len(tasks["chief"]) + len(tasks["worker"])
-    if task_type == EVALUATOR:  # TensorFlow's evaluator need not be in the cluster
-        return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]))
-    if not isinstance(index, int) or isinstance(index, bool) or not (
-            0 <= index < len(tasks[task_type])):
-        raise UserError(f"TF_CONFIG's task index {index!r} is outside the cluster's "
-                        f"{len(tasks[task_type])} {task_type} task(s)")
-    if workers < 2:
+    return task_type, index
+
+
+def rewrite_tf_config(environ, cluster, renamed):
+    """TF_CONFIG put right in `environ` as parse_tf_config read it; the Cluster, None alone."""
+    if cluster is None:  # unset or empty; TensorFlow would fail to parse an empty one
         environ.pop("TF_CONFIG", None)
-        print(f"[INFO] TF_CONFIG names a cluster of {workers} task (as Vertex AI sets "
+        return None
+    if cluster.task_type == EVALUATOR:  # the scripts end it at once, before TensorFlow reads it
+        return cluster
+    if cluster.workers < 2:
+        environ.pop("TF_CONFIG", None)
+        print(f"[INFO] TF_CONFIG names a cluster of {cluster.workers} task (as Vertex AI sets "
               "for a single machine): training as a single machine", flush=True)
         return None
-    if "master" in spec["cluster"] or task.get("type") == "master":
-        environ["TF_CONFIG"] = json.dumps({**spec, "cluster": cluster,
-                                           "task": {**task, "type": task_type}})
-    peers = tuple((f"{role} {i}", host) for role in ROLES
-                  for i, host in enumerate(tasks[role]) if (role, i) != (task_type, index))
-    return Cluster(workers, task_type, index, has_chief=bool(tasks["chief"]), peers=peers,
-                   address=tasks[task_type][index])
+    if renamed:
+        environ["TF_CONFIG"] = json.dumps(renamed)
+    return cluster
 
 
 def _host_port(address):

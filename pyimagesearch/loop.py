@@ -46,6 +46,42 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     scaled up before the gradients are taken, and `apply_gradients` scales
     them back down (and skips a step whose gradients overflowed).
     """
+    _build_optimizer(model, strategy)
+    train_steps = _train_steps_function(model, strategy, global_batch_size, jit_compile)
+    val_batch = _val_batch_function(model, strategy)
+    train_iterator = iter(_distributed(strategy, trainDs))
+    val_batches = _distributed(strategy, valDs)
+    callbacks = keras.callbacks.CallbackList(list(callbacks), model=model, epochs=epochs,
+                                             steps=steps_per_epoch, verbose=0)
+    history = {"loss": [], "val_loss": []}
+    model.stop_training = False
+    callbacks.on_train_begin()
+    try:
+        for epoch in range(initial_epoch, epochs):
+            callbacks.on_epoch_begin(epoch)
+            if verbose:  # the lines fit prints where its output is not a terminal
+                print(f"Epoch {epoch + 1}/{epochs}", flush=True)
+            start = time.perf_counter()
+            steps = steps_per_epoch - (initial_step if epoch == initial_epoch else 0)
+            history["loss"].append(_train_epoch(model, callbacks, train_steps, train_iterator,
+                                                steps, steps_per_execution) / steps)
+            callbacks.on_test_begin()
+            history["val_loss"].append(_validation_loss(val_batch, val_batches))
+            callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
+                                           "val_loss": history["val_loss"][-1]})
+            if verbose:
+                print(f"{steps}/{steps} - "
+                      f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
+                      f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
+            if model.stop_training:
+                break
+    finally:
+        callbacks.on_train_end()  # even on an error: temporary folders, writers
+    return history
+
+
+def _build_optimizer(model, strategy):
+    """Create the optimizer's slots for the model's weights, unless they exist."""
     optimizer = model.optimizer
     if not optimizer.built:
         with strategy.scope():
@@ -53,6 +89,10 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             # lazily inside strategy.run where new variables are not allowed
             optimizer.build(model.trainable_variables)
 
+
+def _train_steps_function(model, strategy, global_batch_size, jit_compile):
+    """The tf.function that runs `count` training steps on every replica; their loss summed."""
+    optimizer = model.optimizer
     with strategy.scope():
         # each replica adds up its own shares of the steps' global means; a
         # read in cross-replica context sums the replicas: one all-reduce
@@ -81,6 +121,11 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             strategy.run(train_step, args=next(iterator))
         return loss_sum.read_value()
 
+    return train_steps
+
+
+def _val_batch_function(model, strategy):
+    """The tf.function that gives a validation batch's summed per-image error and image count."""
     def val_step(images, targets):
         errors = per_image_mse(targets, model(images, training=False))
         return tf.reduce_sum(errors), tf.cast(tf.size(errors), tf.float32)
@@ -91,50 +136,31 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
         return (strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None),
                 strategy.reduce(tf.distribute.ReduceOp.SUM, counts, axis=None))
 
-    train_iterator = iter(_distributed(strategy, trainDs))
-    val_batches = _distributed(strategy, valDs)
-    callbacks = keras.callbacks.CallbackList(list(callbacks), model=model, epochs=epochs,
-                                             steps=steps_per_epoch, verbose=0)
-    history = {"loss": [], "val_loss": []}
-    model.stop_training = False
-    callbacks.on_train_begin()
-    try:
-        for epoch in range(initial_epoch, epochs):
-            callbacks.on_epoch_begin(epoch)
-            if verbose:  # the lines fit prints where its output is not a terminal
-                print(f"Epoch {epoch + 1}/{epochs}", flush=True)
-            start = time.perf_counter()
-            total, step = 0.0, 0
-            steps = steps_per_epoch - (initial_step if epoch == initial_epoch else 0)
-            for count in execution_sizes(steps, steps_per_execution):
-                # the step indices fit passes: first and last step of the call
-                callbacks.on_train_batch_begin(step)
-                part = float(train_steps(train_iterator, tf.constant(count)))
-                total += part
-                step += count
-                callbacks.on_train_batch_end(step - 1, {"loss": part / count})
-                if model.stop_training:  # keras.callbacks.TerminateOnNaN, say
-                    break
-            history["loss"].append(total / steps)
+    return val_batch
 
-            callbacks.on_test_begin()
-            error_sum, count = 0.0, 0.0
-            for batch in val_batches:
-                batch_sum, batch_count = val_batch(batch)
-                error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
-            history["val_loss"].append(error_sum / max(count, 1.0))
 
-            callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
-                                           "val_loss": history["val_loss"][-1]})
-            if verbose:
-                print(f"{steps}/{steps} - "
-                      f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
-                      f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
-            if model.stop_training:
-                break
-    finally:
-        callbacks.on_train_end()  # even on an error: temporary folders, writers
-    return history
+def _train_epoch(model, callbacks, train_steps, train_iterator, steps, steps_per_execution):
+    """Run an epoch's `steps` steps, with fit's batch hooks; the sum of their losses."""
+    total, step = 0.0, 0
+    for count in execution_sizes(steps, steps_per_execution):
+        # the step indices fit passes: first and last step of the call
+        callbacks.on_train_batch_begin(step)
+        part = float(train_steps(train_iterator, tf.constant(count)))
+        total += part
+        step += count
+        callbacks.on_train_batch_end(step - 1, {"loss": part / count})
+        if model.stop_training:  # keras.callbacks.TerminateOnNaN, say
+            break
+    return total
+
+
+def _validation_loss(val_batch, val_batches):
+    """The mean per-image error over every validation batch (0 if there are none)."""
+    error_sum, count = 0.0, 0.0
+    for batch in val_batches:
+        batch_sum, batch_count = val_batch(batch)
+        error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
+    return error_sum / max(count, 1.0)
 
 
 def _distributed(strategy, dataset):

@@ -317,6 +317,26 @@ def splits_by_file(files, pipelines):
     return files % pipelines == 0
 
 
+def _pipeline_files(paths, shard):
+    """(the shard files this pipeline reads, the (pipelines, index) of records it keeps or None)."""
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if shard is not None and splits_by_file(len(paths), shard[0]):
+        return files.shard(*shard), None  # by file: each pipeline reads its own shards
+    # by data (a shard given): each pipeline reads every record and keeps its
+    # share, which needs the same record order in every pipeline
+    return files, shard
+
+
+def _passes_seed(seed, by_data):
+    """The seed the passes' own seeds derive from: `seed`, else a fixed or a drawn one."""
+    if seed is not None:
+        return seed
+    # every pipeline splitting by data must read the same order: a fixed
+    # seed. Otherwise one drawn here, since an unseeded shuffle inside
+    # flat_map is traced once and could repeat one order every pass.
+    return 0 if by_data is not None else int(np.random.randint(2**31 - 1))
+
+
 def record_batches(folder, metadata, split, reading, keep=None, shard=None):
     """Batches of serialized records of `split`, read the way a training run wants them.
 
@@ -335,22 +355,11 @@ def record_batches(folder, metadata, split, reading, keep=None, shard=None):
     """
     paths, _ = split_files(folder, metadata, split)
     compression = COMPRESSIONS[metadata["compression"]]
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    by_data = None
-    if shard is not None and splits_by_file(len(paths), shard[0]):
-        files = files.shard(*shard)  # by file: each pipeline reads its own shards
-    elif shard is not None:
-        # by data: each pipeline reads every record and keeps its share,
-        # which needs the same record order in every pipeline
-        by_data = shard
-    seed, shuffle_size = reading.seed, reading.shuffle_size
+    files, by_data = _pipeline_files(paths, shard)
+    shuffle_size = reading.shuffle_size
     # parallel reads in a fixed order only where the order matters
-    deterministic = seed is not None or by_data is not None
-    if seed is None:
-        # every pipeline splitting by data must read the same order: a fixed
-        # seed. Otherwise one drawn here, since an unseeded shuffle inside
-        # flat_map is traced once and could repeat one order every pass.
-        seed = 0 if by_data is not None else int(np.random.randint(2**31 - 1))
+    deterministic = reading.seed is not None or by_data is not None
+    seed = _passes_seed(reading.seed, by_data)
     cut = keep is not None and keep < pass_size(folder, metadata, split, shard)
     cycle = min(INTERLEAVE_CYCLE, len(paths))
 

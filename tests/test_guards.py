@@ -244,7 +244,7 @@ while True:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signalled_launcher_ends_each_workers_children_too(repo, reap, sig):
+def test_a_signalled_launcher_ends_each_workers_children_too(repo, reap, sig):  # noqa: F811
     launcher = subprocess.Popen(
         [sys.executable, "tools/launch_workers.py", "--workers", "2", "--network", "host",
          "--", sys.executable, "-c", WORKER_WITH_A_CHILD], cwd=repo, stdout=subprocess.PIPE,

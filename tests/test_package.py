@@ -17,6 +17,7 @@ PACKAGE = REPO / "pyimagesearch"
 ARTICLE_MODULES = {"config", "data", "autoencoder", "loss"}
 SMALL_ALLOWED = ARTICLE_MODULES | {"errors", "__init__"}  # the article's, and one for errors
 MIN_LINES, MAX_LINES = 60, 500
+MAX_FUNCTION_LINES = 60  # a def's first to last line, docstring included
 # imported before TensorFlow may load: by every script's first call
 # (runtime), train_tpu.py's (tpu_runtime), and the notebook's kernel
 TENSORFLOW_FREE = ["pyimagesearch", "pyimagesearch.config", "pyimagesearch.errors",
@@ -100,3 +101,21 @@ def test_get_data_opens_data_py():
     source = (PACKAGE / "data.py").read_text()
     first = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef))
     assert first.name == "get_data"
+
+
+def test_no_function_is_over_60_lines():
+    # the package, compare.py and the tools; the training scripts' main, which
+    # follows the article's listing step by step, is the one exception
+    paths = [*sorted(PACKAGE.rglob("*.py")), REPO / "compare.py",
+             *sorted((REPO / "tools").glob("*.py")), *sorted(REPO.glob("train_*.py"))]
+    offenders = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if path.name.startswith("train_") and node.name == "main":
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines})")
+    assert not offenders, f"over {MAX_FUNCTION_LINES} lines: " + ", ".join(offenders)

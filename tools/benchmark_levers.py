@@ -38,7 +38,8 @@ DEFAULT_SETUPS = {"cpu": ("float32", "mixed_bfloat16", "xla"),
                   "gpu": ("float32", "mixed_float16", "xla")}
 
 
-def main(argv=None):
+def build_parser():
+    """The flags of benchmark_levers.py."""
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
@@ -57,8 +58,12 @@ def main(argv=None):
     parser.add_argument("--data-source", choices=("sample", "tfds"), default="sample",
                         help="the digits (default %(default)s: works offline)")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    return parser
+
+
+def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.json:
         check_output_file(args.json)
     setups = args.setups or DEFAULT_SETUPS[args.device]

@@ -119,7 +119,7 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
     from pyimagesearch.plan import make_optimizer
-    from pyimagesearch.strategies import set_precision, with_loss_scaling
+    from pyimagesearch.plan import set_precision, with_loss_scaling
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
@@ -231,6 +231,32 @@ def images_per_second(dataset, steps, epochs, batch_size):
     return rates
 
 
+def time_input_pipelines(setups, args, batch):
+    """Images per second of each epoch of each trial of every pipeline in `setups`, in turns."""
+    per_epoch = {name: [] for name in setups}
+    for trial in range(args.trials):
+        for name, build in setups.items():
+            rates = images_per_second(build(), args.steps, args.epochs, batch)
+            per_epoch[name].append(rates)
+            print(f"[INFO] trial {trial + 1}: {name:25s} "
+                  + " ".join(f"{rate:9,.0f}" for rate in rates) + " images/s")
+    return per_epoch
+
+
+def input_only_summary(per_epoch, args, batch):
+    """Each pipeline's figure per trial, their medians and speed-ups, printed; the three."""
+    # a trial's figure: all its timed images over all its timed seconds
+    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
+                 for name, trials in per_epoch.items()}
+    medians = {name: statistics.median(values) for name, values in per_trial.items()}
+    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
+    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
+          f"{args.trials} trials; speed-up over article-style")
+    for name, value in medians.items():
+        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
+    return per_trial, medians, ratios
+
+
 def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
@@ -269,26 +295,12 @@ def input_only(args, source, command):
                 source.data_dir, batch, tfds_cache=True),
         }
         load = [os.getloadavg()[0]]
-        per_epoch = {name: [] for name in setups}
-        for trial in range(args.trials):
-            for name, build in setups.items():
-                rates = images_per_second(build(), args.steps, args.epochs, batch)
-                per_epoch[name].append(rates)
-                print(f"[INFO] trial {trial + 1}: {name:25s} "
-                      + " ".join(f"{rate:9,.0f}" for rate in rates) + " images/s")
+        per_epoch = time_input_pipelines(setups, args, batch)
         load.append(os.getloadavg()[0])
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    # a trial's figure: all its timed images over all its timed seconds
-    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
-                 for name, trials in per_epoch.items()}
-    medians = {name: statistics.median(values) for name, values in per_trial.items()}
-    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
-    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
-          f"{args.trials} trials; speed-up over article-style")
-    for name, value in medians.items():
-        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
+    per_trial, medians, ratios = input_only_summary(per_epoch, args, batch)
     return {**medians, "speedup_over_article_style": ratios,
             "trials": per_trial, "epochs": per_epoch,
             "steps_per_epoch": args.steps, "timed_epochs_per_trial": args.epochs,
@@ -300,8 +312,8 @@ def input_only(args, source, command):
             "tensorflow_version": tf.__version__}
 
 
-def parse_args(argv):
-    """The arguments, checked (one line and exit status 2 if they do not go together)."""
+def build_parser():
+    """The flags of benchmark_pipeline.py."""
     parser = cli.OneLineParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None,
@@ -330,6 +342,12 @@ def parse_args(argv):
                         help="train_cpu.py's epoch (with validation) against the same "
                              "steps on one batch in memory, without validation")
     parser.add_argument("--json", default=None, help="write the figures to this file")
+    return parser
+
+
+def parse_args(argv):
+    """The flags, checked together, with the defaults that depend on the mode filled in."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.floor and (args.input_only or args.profile_dir):
         parser.error("--floor goes alone, without --input-only or --profile-dir")

@@ -256,7 +256,8 @@ class Workers:
             relay.join(timeout=5)
 
 
-def main(argv):
+def read_command_line(argv):
+    """The launcher's flags and the training command to run, checked; one line and exit if wrong."""
     # the launcher's own flags come before --, the training command after it
     split = argv.index("--") if "--" in argv else len(argv)
     parser = OneLineParser(usage="%(prog)s [-h] [--workers N] [--network {isolated,host}] "
@@ -285,7 +286,11 @@ def main(argv):
         if not os.path.exists(command[0]):
             fail(f"{command[0]} not found")
         command = [sys.executable] + command
+    return args, command
 
+
+def main(argv):
+    args, command = read_command_line(argv)
     if args.network == "isolated" and not os.environ.get(_IN_NAMESPACE):
         enter_private_network(argv)  # returns only where it cannot
     if os.environ.get(_IN_NAMESPACE):

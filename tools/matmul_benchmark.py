@@ -283,6 +283,34 @@ def _gpu_names():
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
+def timed_calls(strategy, step, args, count):
+    """Seconds of each of `count` calls of `step(*args)`, each until its value is back."""
+    seconds = []
+    for _ in range(count):
+        start = time.perf_counter()
+        last = step(*args)
+        _sync()
+        strategy.experimental_local_results(last)[0].numpy()  # waits for the value
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus):
+    """What the op ran on, in words, and its peak figures (None where no table gives them)."""
+    if rehearse or device == "cpu":
+        name = (f"{rehearse} logical CPU devices on " if rehearse else "") + (
+            f"{cpu_model()}, {len(cpus)} CPUs")
+        return name, cpu_peaks(dtype, rehearsal=rehearse or 0)
+    if device == "gpu":
+        names = _gpu_names()
+        name = " + ".join(sorted(set(names)))
+        return name, gpu_peaks(name, dtype, replicas, tf32) if len(set(names)) == 1 else {
+            "peak_tflops": None, "peak_basis": "GPUs of different kinds",
+            "memory_gb_per_second": None, "memory_basis": "GPUs of different kinds"}
+    return "TPU", {"peak_tflops": None, "peak_basis": "no table of TPU peaks here",
+                   "memory_gb_per_second": None, "memory_basis": "no table of TPU peaks here"}
+
+
 def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
                   tpu=None):
     """Time the article's op; return a dict of figures."""
@@ -320,34 +348,14 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
         # touch one value per replica so the work cannot be skipped
         return strategy.run(lambda r: r[0, 0, 0], args=(result,))
 
-    seconds = []
-    for _ in range(warmup + repeats):
-        start = time.perf_counter()
-        last = step(w, x, b)
-        _sync()
-        strategy.experimental_local_results(last)[0].numpy()  # waits for the value
-        seconds.append(time.perf_counter() - start)
-
+    seconds = timed_calls(strategy, step, (w, x, b), warmup + repeats)
     stats = summarize(seconds, warmup)
     flops = matmul_flops()
     moved = bytes_moved(tf_dtype.size)
     batch, m, _ = SHAPES["w"]
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     cpus = usable_cpus()
-    if rehearse or device == "cpu":
-        name = (f"{rehearse} logical CPU devices on " if rehearse else "") + (
-            f"{cpu_model()}, {len(cpus)} CPUs")
-        peaks = cpu_peaks(dtype, rehearsal=rehearse or 0)
-    elif device == "gpu":
-        names = _gpu_names()
-        name = " + ".join(sorted(set(names)))
-        peaks = gpu_peaks(name, dtype, replicas, tf32) if len(set(names)) == 1 else {
-            "peak_tflops": None, "peak_basis": "GPUs of different kinds",
-            "memory_gb_per_second": None, "memory_basis": "GPUs of different kinds"}
-    else:
-        name = "TPU"
-        peaks = {"peak_tflops": None, "peak_basis": "no table of TPU peaks here",
-                 "memory_gb_per_second": None, "memory_basis": "no table of TPU peaks here"}
+    name, peaks = device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus)
     return {
         "device": device, "device_name": name, "rehearsal": bool(rehearse),
         "replicas": replicas, "dtype": dtype, "tf32_enabled": tf32,
