@@ -13,16 +13,45 @@ records what parse_args learnt (the cluster, a resumable script).
 Also here:
 - SIGTERM: GCE, GKE, Cloud TPU VMs and spot machines send it about 30 s before they stop.
 """
+import atexit
+import errno
+import logging
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 
 import tensorflow as tf
 
+from pyimagesearch import files
 from pyimagesearch.errors import NothingToDo, PeerLost, Preempted, UserError
+from pyimagesearch.terminal import end_collective_noise_filter
 
+
+class _Process:
+    """What the end of this process must know of its run: the module's one state.
+
+    SIGTERM's flags are Events, which the preemption handler's thread polls
+    (`requested()`). The folders the run has put its outputs in are files.py's
+    `published`, which outputs.py keeps too.
+    """
+
+    def __init__(self):
+        self.requested = threading.Event()   # SIGTERM arrived while a backup was kept
+        self.terminated = threading.Event()  # SIGTERM arrived with no backup to save: it stops
+        self.saving = threading.Event()      # a Backup is there to save at the next step
+        self.after_the_run = None  # set by run_main once a run has ended well: SIGTERM's then
+        self.cluster = None        # parse_args' cluster (None: a run alone)
+        self.resumable = False     # a training script's run, which --backup-dir resumes
+        self.dropped = None        # a signal's exception Python dropped
+        self.over = False          # the run ended well
+        self.main = None           # the script's main()
+        self.hooked = False        # the exit hook is in place
+
+
+_process = _Process()
 
 
 # --- SIGTERM: GCE, GKE, Cloud TPU VMs and spot machines send it about 30 s before they stop ---
@@ -38,13 +67,7 @@ from pyimagesearch.errors import NothingToDo, PeerLost, Preempted, UserError
 # PreemptionCheckpointHandler: it sees `requested()`, agrees on the step with
 # every worker through the coordination service, and has each save the backup
 # there and stop.
-_requested = threading.Event()
-_terminated = threading.Event()  # SIGTERM arrived with no backup to save: the run stops
 STOPPED = "stopped by SIGTERM"  # the message run_main completes with what is on disk
-_saving = threading.Event()  # a Backup is there to save at the next step
-
-
-_after_the_run = []  # set by run_main once a run has ended well: what SIGTERM does then
 
 
 def watch(fresh=False):
@@ -55,48 +78,48 @@ def watch(fresh=False):
     fresh=True, at the start of a run, forgets an earlier run's SIGTERM.
     """
     if fresh:
-        _requested.clear()
-        _terminated.clear()
-    _after_the_run.clear()
+        _process.requested.clear()
+        _process.terminated.clear()
+    _process.after_the_run = None
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def run_ended(then):
     """The run has ended well: SIGTERM from now on calls `then(signum)` (it says so, exits)."""
-    _after_the_run[:] = [then]
+    _process.after_the_run = then
 
 
 def _on_sigterm(signum, frame):
-    if _after_the_run:  # nothing left to stop: say what is on disk, and go
-        _after_the_run[0](signum)
+    if _process.after_the_run is not None:  # nothing left to stop: say what is on disk, go
+        _process.after_the_run(signum)
         return
-    if _saving.is_set():
-        _requested.set()
+    if _process.saving.is_set():
+        _process.requested.set()
         print("[INFO] SIGTERM: saving the backup at the next step, then stopping",
               file=sys.stderr, flush=True)
         return
     # noted first: raised inside a finalizer (a weakref callback, say), the
     # exception is printed and dropped by Python; run_main still sees this
-    _terminated.set()
+    _process.terminated.set()
     raise Preempted(STOPPED)
 
 
 def terminated():
     """True once SIGTERM arrived while no backup was kept: the run must end with 143."""
-    return _terminated.is_set()
+    return _process.terminated.is_set()
 
 
 def saving(active):
     """Whether a backup will be saved at the next step when SIGTERM comes."""
     if active:
-        _saving.set()
+        _process.saving.set()
     else:
-        _saving.clear()
+        _process.saving.clear()
 
 
 def requested():
     """True once SIGTERM arrived while a backup was kept."""
-    return _requested.is_set()
+    return _process.requested.is_set()
 
 
 def _no_total_run_calls_warning(record):
@@ -131,6 +154,7 @@ def cluster_handler(strategy, folder, save, stop, acts=None):
             or resolver is None or not resolver.cluster_spec().jobs):
         return None
     if acts is None:
+        # lazy: workarounds (TensorFlow's private hooks) is opt-in, not a plain run's
         from pyimagesearch.workarounds import preemption_handler_acts
 
         acts = preemption_handler_acts()
@@ -147,10 +171,6 @@ def cluster_handler(strategy, folder, save, stop, acts=None):
         resolver, counter, termination_config=config)
 
 
-# parse_args' cluster; a signal Python dropped; the run ended well; the script's main();
-# a training script's run; the exit hook is in place
-_process = {"cluster": None, "dropped": None, "over": False, "main": None,
-            "resumable": False, "hooked": False}
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -167,13 +187,12 @@ def _guard_the_exit(main):
     hooks registered before it (matplotlib's figures, multiprocessing's,
     pybind11's) have nothing left to do in a run that has written its outputs.
     """
-    _process.update(over=False, main=main, resumable=False, cluster=None)
-    if _process["hooked"]:
+    _process.over, _process.main = False, main
+    _process.resumable, _process.cluster = False, None
+    if _process.hooked:
         return
-    import atexit
-
     atexit.register(_at_the_very_end)
-    _process["hooked"] = True
+    _process.hooked = True
 
 
 def _late_signal(signum, frame=None):
@@ -191,17 +210,15 @@ def _late_signal(signum, frame=None):
 
 def _at_the_very_end():
     """At exit, after a run ended well: a signal that came is said; none can cut the end."""
-    if not _process["over"]:
+    if not _process.over:
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
     pending = signal.sigpending() & set(_STOPPING)
     if pending:
         _late_signal(max(pending))  # SIGTERM before SIGINT
     script = sys.modules.get("__main__")
-    if getattr(script, "main", None) is not _process["main"]:
+    if getattr(script, "main", None) is not _process.main:
         return  # a run inside another program (a test, a notebook): not ours to end
-    import logging
-
     logging.shutdown()
     try:
         sys.stdout.flush()
@@ -216,8 +233,6 @@ def _at_the_very_end():
 
 def _stderr_whole():
     """Before os._exit: every line given to stderr has reached it (the cluster's filter)."""
-    from pyimagesearch.terminal import end_collective_noise_filter
-
     end_collective_noise_filter()
 
 
@@ -229,8 +244,6 @@ def _write_refused(error):
     the file TensorFlow could not write. TensorFlow's own errors carry the
     system's words in their message, not an errno.
     """
-    import errno
-
     refusals = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
                 errno.EFBIG: "File too large", errno.EROFS: "Read-only file system",
                 errno.EIO: "Input/output error"}
@@ -250,20 +263,13 @@ def _write_refused(error):
                      f"or give another folder; {_on_disk()}")
 
 
-def _published():
-    """The folders whose new outputs this run has put in place."""
-    from pyimagesearch.files import published
-
-    return published
-
-
 def _on_disk():
     """What a run that stops now leaves: its new outputs, if it got as far, or the old ones."""
-    cluster = _process["cluster"]
+    cluster = _process.cluster
     if cluster is not None and not cluster.is_chief:
         return f"{cluster.name} writes no outputs (the chief does)"
-    if _published():
-        return f"its new outputs were all written to {', '.join(_published())}"
+    if files.published:  # the folders whose new outputs this run has put in place
+        return f"its new outputs were all written to {', '.join(files.published)}"
     return "earlier outputs are untouched"
 
 
@@ -303,8 +309,6 @@ class _OutputThatOutlivesItsReader:
 
 def _is_pipe(stream):
     """True if `stream` writes to a pipe (whose reader may close it early)."""
-    import stat
-
     try:
         return stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode)
     except (AttributeError, OSError, ValueError):  # pytest's capture, a closed stream
@@ -319,8 +323,6 @@ def run_main(main, argv=None):
     collective raises when a peer dies becomes a PeerLost line too; a full
     disk is one line too. Every line says what the run leaves on disk.
     """
-    pass  # (merged)
-
     watch(fresh=True)
     if not isinstance(sys.stdout, _OutputThatOutlivesItsReader) and _is_pipe(sys.stdout):
         sys.stdout = _OutputThatOutlivesItsReader(sys.stdout)
@@ -329,13 +331,13 @@ def run_main(main, argv=None):
     _guard_the_exit(main)
     try:
         _run(main, argv)
-        _process["over"] = True  # from here to the process's end, SIGTERM is said and exits
+        _process.over = True  # from here to the process's end, SIGTERM is said and exits
         run_ended(_late_signal)
     except UserError as error:
         if str(error) == STOPPED:
             error = Preempted(f"{STOPPED}; {_on_disk()}" + (
                 " (with --backup-dir the run saves its state first and resumes after)"
-                if _process["resumable"] and not _published() else ""))
+                if _process.resumable and not files.published else ""))
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
         if isinstance(error, (PeerLost, Preempted)):
@@ -359,11 +361,8 @@ def run_main(main, argv=None):
 
 def _run(main, argv):
     """main(argv), with the errors that stop a run made UserErrors or raised again."""
-    from pyimagesearch.files import published
-    pass  # (merged)
-
-    _process["dropped"] = None
-    published.clear()  # this run's, not an earlier one's in this interpreter
+    _process.dropped = None
+    files.published.clear()  # this run's, not an earlier one's in this interpreter
     try:
         main(argv)
     except UserError:
@@ -373,11 +372,11 @@ def _run(main, argv):
             # the handler's exception, wrapped by whatever caught it (tf.function's
             # input binding makes it a TypeError)
             raise Preempted(STOPPED) from error
-        stopped = _peer_lost(_process["cluster"], error) or _write_refused(error)
+        stopped = _peer_lost(_process.cluster, error) or _write_refused(error)
         if stopped is None:
             raise
         raise stopped from error
-    if isinstance(_process["dropped"], KeyboardInterrupt):
+    if isinstance(_process.dropped, KeyboardInterrupt):
         raise KeyboardInterrupt  # a Ctrl-C whose exception Python dropped
     if terminated():  # a SIGTERM whose exception Python dropped
         raise Preempted(STOPPED)
@@ -387,7 +386,7 @@ def _peer_lost(cluster, error):
     """cluster.peer_lost's line for a run of a cluster; None for a run alone (no module loaded)."""
     if cluster is None:
         return None
-    from pyimagesearch.cluster import peer_lost
+    from pyimagesearch.cluster import peer_lost  # lazy: the cluster module is opt-in
 
     return peer_lost(cluster, error)
 
@@ -400,7 +399,7 @@ def _kept_for_later(default_hook):
     """
     def hook(info):
         if isinstance(info.exc_value, (KeyboardInterrupt, Preempted)):
-            _process["dropped"] = info.exc_value
+            _process.dropped = info.exc_value
         else:
             default_hook(info)
 
@@ -410,5 +409,5 @@ def _kept_for_later(default_hook):
 def note_run(cluster):
     """What the flags said of this run: its place in a cluster (None: alone), and that it
     is a training script, which --backup-dir resumes."""
-    _process["cluster"] = cluster
-    _process["resumable"] = True
+    _process.cluster = cluster
+    _process.resumable = True

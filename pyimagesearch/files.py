@@ -108,8 +108,6 @@ def take_lock(folder):
     (a second run in the same interpreter). On a local disk the file is
     created exclusively, so two runs starting together cannot both take it.
     """
-    import socket
-
     path = join(folder, LOCK)
     mine = {"host": socket.gethostname(), "pid": os.getpid()}
     held = read_json(path, advice=f"delete {path} if no run uses {folder}")
@@ -249,7 +247,9 @@ _SPARE = re.compile(r"^\.(?:(?P<name>.+)\.(?P<pid>\d+)\.(?:tmp|old)|publish-(?P<
                     r"\.json\.tmp)$")
 _FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
 
-published = []  # folders whose new outputs this process has put in place
+# folders whose new outputs this process has put in place: state of the process, read by
+# exits.py for its last line and kept by outputs.py (a worker's scratch folder leaves it)
+published = []
 
 
 def publish(folder, staged):

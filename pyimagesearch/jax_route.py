@@ -14,7 +14,7 @@ What this route cannot do yet is refused in one line before any training
 and backups are tf.train.Checkpoints of TensorFlow variables.
 """
 import keras
-from pyimagesearch.runtime import installed_version
+from pyimagesearch.runtime import detect, installed_version
 from pyimagesearch.errors import UserError
 
 class DataParallel(keras.distribution.DataParallel):
@@ -51,9 +51,9 @@ def strategy(replicas=None):
 
 def found(jax_devices):
     """What a TPU run found: the runtime, the devices JAX and TensorFlow see, the versions."""
+    # lazy: Keras on JAX runs without TensorFlow (tools/jax_loss_step.py); only this line,
+    # for a run that found no TPU, asks what TensorFlow sees
     import tensorflow as tf
-
-    from pyimagesearch.runtime import detect
 
     kinds = sorted({device.split(":")[0] for device in jax_devices}) or ["none"]
     tf_devices = sorted({device.device_type for device in tf.config.list_physical_devices()})

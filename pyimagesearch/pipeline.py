@@ -160,6 +160,13 @@ def _finish(dataset, input_context=None, local_batches=False, decode=None, decod
     return dataset.with_options(options)
 
 
+def tfrecord_format():
+    """The TFRecord format's module (tfrecords.py), loaded for --data-source tfrecord only."""
+    from pyimagesearch import tfrecords  # lazy: opt-in, and it imports this module
+
+    return tfrecords
+
+
 def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
     """`make_pipeline`'s batches, read from the TFRecord folder `folder`.
 
@@ -171,8 +178,7 @@ def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
     files than pipelines): each reads only its share and batches its part of
     the global batch (batch / pipelines), cut into its local replicas' slices.
     """
-    from pyimagesearch import tfrecords  # loaded for --data-source tfrecord only
-
+    tfrecords = tfrecord_format()
     shard = None
     if input_context is not None and reading.shuffle_size:
         pipelines = input_context.num_input_pipelines

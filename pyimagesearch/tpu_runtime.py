@@ -33,6 +33,7 @@ this module decides them first (docs/tpus.md has the sources):
 import os
 import sys
 from pyimagesearch import runtime
+from pyimagesearch.errors import UserError
 from pyimagesearch.runtime import LOAD_LIBRARY, OURS, leave_the_tpu_alone, without_our_hold  # noqa: F401
 from pyimagesearch.runtime import detect, installed_version
 
@@ -43,7 +44,10 @@ RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJR
 RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
-prepared = None  # what `prepare` did in this process, in words (None: not called)
+# what `prepare` did in this process, in words (None: not called): train_tpu.py's first
+# line prepares, and a TPU that fails to start much later reads it (likely_causes), with
+# nothing in between to hand it on
+prepared = None
 _HELD = f"; your {LOAD_LIBRARY}=0 keeps TensorFlow from loading libtpu"
 
 
@@ -88,7 +92,7 @@ def libtpu_path():
     does not exist is never returned: TensorFlow's import would fail on it.
     """
     try:
-        import libtpu
+        import libtpu  # lazy: only TPU hosts have it, and its import sets TPU_LIBRARY_PATH
         path = libtpu.get_library_path()
     except (ImportError, AttributeError):
         path = None
@@ -112,8 +116,6 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     neither route takes ends the process in one line, status 2.
     """
     global prepared
-    from pyimagesearch.errors import UserError
-
     if environ is None:  # this process: its set-up before TensorFlow's import first
         runtime.process()
     try:

@@ -14,8 +14,45 @@ The hooks reach into private TensorFlow API; tests check that they still
 exist, and still do what is worked around, in the TensorFlow versions CI runs.
 """
 import contextlib
+import functools
 import sys
+
+import tensorflow as tf
+
 from pyimagesearch.errors import UserError
+
+
+class _Gone:
+    """A private TensorFlow module this TensorFlow lacks: any use raises its ImportError.
+
+    So a TensorFlow that moved one breaks only the hook that uses it, where
+    `private_api` makes it one line, not the import of this module.
+    """
+
+    def __init__(self, error):
+        self._error = error
+
+    def __getattr__(self, name):
+        raise self._error
+
+
+# the private modules the hooks reach into (`import tensorflow` has loaded them all). One
+# that this TensorFlow lacks stands in as _Gone: only the hook that uses it fails, in one
+# line; the device buffers' hook, which may be missing, is None then.
+try:
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+except ImportError:
+    multi_device_iterator_ops = None
+try:  # a multi-worker run's: bound_cluster_start needs all three
+    from tensorflow.python.distribute import collective_all_reduce_strategy, multi_worker_util
+    from tensorflow.python.eager import context
+except ImportError as error:
+    collective_all_reduce_strategy = multi_worker_util = context = _Gone(error)
+try:
+    from tensorflow.python.distribute.failure_handling import failure_handling_util
+except ImportError as error:
+    failure_handling_util = _Gone(error)
+
 
 def plain_device_buffers():
     """Make the strategies' per-device input buffers plain: no autotuning, no rewrites.
@@ -43,12 +80,7 @@ def plain_device_buffers():
     tensorflow/tensorflow#61816 (closed for 2.15, still logged here). Still
     needed in TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
-    import tensorflow as tf  # here: the quiet block above must not need TensorFlow
-
-    try:
-        from tensorflow.python.data.ops import multi_device_iterator_ops as ops
-    except ImportError:
-        ops = None
+    ops = multi_device_iterator_ops
     original = getattr(ops, "_create_device_dataset", None)
     if original is None:
         _warn_hook_missing()
@@ -67,17 +99,12 @@ def plain_device_buffers():
     ops._create_device_dataset = create_device_dataset
 
 
-_hook_missing_warned = False
-
-
+@functools.cache  # what says it once: a second call returns the first one's None
 def _warn_hook_missing():
     """Say once per process that the rehearsal stall fix is switched off."""
-    global _hook_missing_warned
-    if not _hook_missing_warned:
-        _hook_missing_warned = True
-        print("warning: this TensorFlow has no multi_device_iterator_ops."
-              "_create_device_dataset to turn autotuning off on per-device input "
-              "buffers, so rehearsal epochs may stall for minutes", file=sys.stderr)
+    print("warning: this TensorFlow has no multi_device_iterator_ops."
+          "_create_device_dataset to turn autotuning off on per-device input "
+          "buffers, so rehearsal epochs may stall for minutes", file=sys.stderr)
 
 
 class local_cpu_devices:
@@ -98,9 +125,7 @@ class local_cpu_devices:
     def __enter__(self):
         if self.count == 1:
             return
-        from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-        extended = car.CollectiveAllReduceExtended
+        extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
         self._original = getattr(extended, "_initialize_local_devices", None)
         if self._original is None:
             raise UserError("this TensorFlow cannot rehearse several devices per "
@@ -114,9 +139,8 @@ class local_cpu_devices:
 
     def __exit__(self, *exc):
         if self.count > 1:
-            from tensorflow.python.distribute import collective_all_reduce_strategy as car
-
-            car.CollectiveAllReduceExtended._initialize_local_devices = self._original
+            extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+            extended._initialize_local_devices = self._original
         return False
 
 
@@ -130,8 +154,6 @@ def private_api(what):
     try:
         yield
     except (ImportError, AttributeError) as error:
-        import tensorflow as tf
-
         raise UserError(f"TensorFlow {tf.__version__} lacks {what} ({error}), a private API "
                         "that multi-worker runs use; install TensorFlow 2.19, 2.20 or 2.21, "
                         "the versions this repo is tested with") from error
@@ -149,17 +171,11 @@ def bound_cluster_start(timeout_s):
     Upstream: none filed (the strategy takes no such limit). Still needed in
     TensorFlow 2.19.1 and 2.21.0 (tests/test_workarounds.py).
     """
-    import tensorflow as tf
-
     with private_api("the coordination service's configuration"):
-        # the protobuf module as the strategy itself imports it (its path moves)
-        from tensorflow.python.distribute import collective_all_reduce_strategy as car
-        from tensorflow.python.distribute import multi_worker_util
-        from tensorflow.python.eager import context
-
         spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
-        jobs = [car.coordination_config_pb2.CoordinatedJob(name=job,
-                                                           num_tasks=spec.num_tasks(job))
+        # the protobuf module as the strategy itself imports it (its path moves)
+        protos = collective_all_reduce_strategy.coordination_config_pb2
+        jobs = [protos.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
                 for job in ("chief", "worker") if job in spec.jobs]
         leader = multi_worker_util.coordination_leader(spec)
         runtime = context.context()
@@ -185,12 +201,9 @@ def preemption_handler_acts():
     (tests/test_workarounds.py).
     """
     with private_api("failure_handling_util.detect_platform"):
-        from tensorflow.python.distribute.failure_handling import (
-            failure_handling_util as util,
-        )
-
-        return util.detect_platform() not in (util.PlatformDevice.GCE_CPU,
-                                              util.PlatformDevice.GCE_TPU)
+        platform = failure_handling_util.detect_platform()
+        devices = failure_handling_util.PlatformDevice
+        return platform not in (devices.GCE_CPU, devices.GCE_TPU)
 
 
 def stop_preemption_handler(handler):

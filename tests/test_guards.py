@@ -12,6 +12,7 @@
 All run without TensorFlow in the processes they start, or in this one.
 """
 import contextlib
+import copy
 import io
 import json
 import os
@@ -167,7 +168,9 @@ def sigterm_in_process(monkeypatch):
     """cli.run_main here, its os._exit a SystemExit; this process's state as it was after."""
     from pyimagesearch import files as publish
 
-    monkeypatch.setattr(exits, "_process", dict(exits._process))
+    # no public way: exits keeps one state per process (run_main leaves it "over"), so each
+    # test's run gets a copy of its own
+    monkeypatch.setattr(exits, "_process", copy.copy(exits._process))
     monkeypatch.setattr(publish, "published", [])
     monkeypatch.setattr(sys, "argv", ["train_cpu.py"])
 

@@ -248,14 +248,15 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
     staged = _staged(tmp_path)
     monkeypatch.setattr(publish, "published", [])
     with monkeypatch.context() as patch:
-        patch.setattr(preemption, "_terminated", __import__("threading").Event())
-        preemption.watch()
+        preemption.watch(fresh=True)
         calls = _gfile_calls(patch, at, lambda: os.kill(os.getpid(), getattr(signal, sig)))
         try:
             publish.publish(str(out), staged)
             stopped = False
         except stop:
             stopped = True
+        finally:
+            preemption.watch(fresh=True)  # the SIGTERM is forgotten, as a next run forgets it
     # a signal sent during the publish stops the run, but only once the swap is over
     assert stopped == (len(calls) >= at), (at, calls)
     assert outputs_state(out, NAMES) == "new", (at, calls)  # the swap ran to its end first

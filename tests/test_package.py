@@ -5,7 +5,9 @@ article's four modules, then one module per concern, and `notebook/`, the
 only subfolder, for the notebook's driver. What must run before TensorFlow
 loads (a script's first call, the TPU's runtime, the notebook's kernel)
 imports nothing that loads it. A plain run's budget of modules is held by
-tests/test_train_cpu.py, which counts what a real run loads.
+tests/test_train_cpu.py, which counts what a real run loads. Two budgets
+keep the rest in view: the imports made inside functions (each loads an
+opt-in feature), and the module-level state the package changes as it runs.
 """
 import ast
 import pathlib
@@ -119,3 +121,92 @@ def test_no_function_is_over_60_lines():
             if lines > MAX_FUNCTION_LINES:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines})")
     assert not offenders, f"over {MAX_FUNCTION_LINES} lines: " + ", ".join(offenders)
+
+
+def _functions_imports():
+    """(module, line, function, what) of every import inside a function of the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        seen = set()
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
+                    seen.add(node.lineno)
+                    found.append((str(path.relative_to(REPO)), node.lineno, function.name,
+                                  ast.unparse(node)))
+    return found
+
+
+# each loads what a plain run must not (an opt-in module: cluster, workarounds,
+# tfrecords; tensorflow_datasets' 0.6 s), or what only some machines have (IPython,
+# google.colab, libtpu); the comment beside each says which. 30 of them are in
+# cli, plan, outputs, callbacks, strategies and cluster.
+MAX_IMPORTS_IN_FUNCTIONS = 38
+
+
+def test_imports_inside_functions_are_few():
+    found = _functions_imports()
+    assert len(found) <= MAX_IMPORTS_IN_FUNCTIONS, "\n".join(
+        [f"{len(found)} imports inside functions, over {MAX_IMPORTS_IN_FUNCTIONS}:"]
+        + [f"{path}:{line} {function}(): {what}" for path, line, function, what in found])
+
+
+_MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update",
+             "setdefault", "add", "discard", "set", "sort", "reverse"}
+
+
+def _module_level_states():
+    """(module, name) of each module-level name the package rebinds (`global`) or mutates.
+
+    A name counts if a function rebinds it through `global`, or if a function anywhere
+    in the package calls a mutating method on it (`.append`, `.set`, `.clear`, ...) or
+    stores into it (`name[k] = v`, `name.attr = v`, `del name[k]`). Constant tables
+    (a dict of names, a compiled pattern) that no function changes do not count, nor
+    what a module sets up once as it loads.
+    """
+    trees = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
+
+    def named(node):  # `name`, or `module.name`: the name it ends with
+        if isinstance(node, ast.Name):
+            return node.id
+        return node.attr if isinstance(node, ast.Attribute) else None
+
+    changed = set()
+    functions = [node for tree in trees.values() for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for function in functions:
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _MUTATORS:
+                changed.add(named(node.func.value))
+            elif isinstance(node, (ast.Subscript, ast.Attribute)) \
+                    and isinstance(node.ctx, (ast.Store, ast.Del)):
+                changed.add(named(node.value))
+            elif isinstance(node, ast.AugAssign):
+                changed.add(named(node.target))
+    states = []
+    for path, tree in trees.items():
+        rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global)
+                   for name in node.names}
+        names = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(target, ast.Name)}
+        module = path.relative_to(REPO).with_suffix("").as_posix().replace("/", ".")
+        states += [(module, name) for name in sorted(names & (rebound | changed))]
+    return states
+
+
+# plan._under_way (the run under way: config's values before it, its plan), exits._process (how the
+# process ends), files.published (what it has put in place), terminal._noise_filter
+# (the filter process between its start and the end), tpu_runtime.prepared (what the
+# TPU run set up before TensorFlow loaded): each says beside it why it is state
+MAX_MODULE_LEVEL_STATES = 5
+
+
+def test_few_module_level_mutable_states():
+    states = _module_level_states()
+    assert len(states) <= MAX_MODULE_LEVEL_STATES, (
+        f"{len(states)} module-level states, over {MAX_MODULE_LEVEL_STATES}: "
+        + ", ".join(f"{module}.{name}" for module, name in states))

@@ -161,10 +161,14 @@ def test_a_later_run_in_the_same_interpreter_forgets_an_earlier_sigterm(monkeypa
     from pyimagesearch import cli
     from pyimagesearch import exits as preemption
 
-    monkeypatch.setattr(preemption, "_terminated", __import__("threading").Event())
-    preemption._terminated.set()  # an earlier run in this interpreter was stopped
     previous = signal.getsignal(signal.SIGTERM)
     try:
+        preemption.watch()  # an earlier run in this interpreter was stopped by SIGTERM
+        preemption.saving(False)
+        with pytest.raises(Preempted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(1000))  # the handler runs here
+        assert preemption.terminated()
         with pytest.raises(ValueError, match="a bug of its own"):
             cli.run_main(lambda argv: (_ for _ in ()).throw(ValueError("a bug of its own")), [])
     finally:
@@ -227,7 +231,10 @@ def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how,
 def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
     # the exit hook blocks both signals; one that came before it looked is said
     exited = []
-    monkeypatch.setattr(exits, "_process", {**exits._process, "over": True, "main": object()})
+    # no public way: a run that ends well (cli.run_main) would leave this process's SIGTERM
+    # exiting it
+    monkeypatch.setattr(exits._process, "over", True)
+    monkeypatch.setattr(exits._process, "main", object())
     monkeypatch.setattr(exits.os, "_exit", exited.append)
     monkeypatch.setattr(exits.signal, "pthread_sigmask", lambda how, mask: set())
     monkeypatch.setattr(exits.signal, "sigpending", lambda: {signal.SIGTERM})

@@ -119,11 +119,17 @@ def jax_route(host, version_of=installed_version):
                      version_of("tensorflow-tpu") is not None) == "jax"
 
 
+def ipython_display():
+    """IPython.display, which shows what the cells show."""
+    import IPython.display  # lazy: only a notebook's kernel has IPython
+
+    return IPython.display
+
+
 def show_markdown(text):
     """Display `text` as Markdown in the notebook."""
-    from IPython.display import Markdown, display
-
-    display(Markdown(text))
+    shown = ipython_display()
+    shown.display(shown.Markdown(text))
 
 
 # --- where the runs are kept ---------------------------------------------------------
@@ -158,7 +164,7 @@ def _drive_folder(mount):
     """Drive's folder for the runs, or LOCAL_FOLDER with one line if Drive is not mounted."""
     try:
         if mount is None:
-            from google.colab import drive  # only on Colab
+            from google.colab import drive  # lazy: only Colab's kernel has it
             mount = drive.mount
         mount(DRIVE_MOUNT)
     except Exception as error:  # a refusal is google.colab's MessageError

@@ -6,6 +6,7 @@ requirements.txt lists and they lack. pip's index is asked first, so that
 nothing is uninstalled where nothing can be installed; a failure is one
 line (NotebookStop).
 """
+import ast
 import importlib.metadata
 import os
 import pathlib
@@ -13,7 +14,13 @@ import shlex
 import signal
 import subprocess
 import sys
-from pyimagesearch.runtime import ROOT_ENV, installed_version
+import urllib.parse
+
+from packaging.requirements import Requirement  # matplotlib's dependency: always there
+from packaging.utils import canonicalize_name
+
+from pyimagesearch import runtime
+from pyimagesearch.runtime import ANSWERS, ROOT_ENV, SILENT, installed_version
 from pyimagesearch.notebook import NotebookStop, jax_route
 
 TENSORFLOW = "tensorflow>=2.19,<2.22"  # requirements.txt's; the GPU form adds [and-cuda]
@@ -38,8 +45,6 @@ def _requirements(path):
 
 def _unmet(specs, version_of):
     """The specs in `specs` that the installed distributions do not satisfy."""
-    from packaging.requirements import Requirement  # matplotlib's dependency: always there
-
     unmet = []
     for spec in specs:
         requirement = Requirement(spec)
@@ -105,9 +110,6 @@ def install_commands(host, repo=".", version_of=installed_version):
 
 def _name(spec):
     """The distribution a requirement line names, as pip compares names."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     return canonicalize_name(Requirement(spec).name)
 
 
@@ -121,8 +123,6 @@ def jax_note(host, repo=".", version_of=installed_version, requires_of=_installe
     JAX's metadata names no libtpu, the line says JAX may not work.
     '' where JAX is not installed, or libtpu is already the pinned one.
     """
-    from packaging.requirements import Requirement
-
     pinned = [Requirement(spec) for spec in _requirements(
         _requirements_file(host, repo, version_of)) if _name(spec) == "libtpu"]
     jax, current = version_of("jax"), version_of("libtpu")
@@ -150,9 +150,6 @@ def pip_index(listing):
     last one listed winning, as pip reads them; a file:// index or
     --no-index needs no network.
     """
-    import ast
-    import urllib.parse
-
     settings = {}
     for line in listing.splitlines():
         key, _, value = line.partition("=")
@@ -169,13 +166,11 @@ def pip_index(listing):
 
 def _probe_index():
     """How pip's package index answers (runtime.py's probe); ANSWERS if it is local."""
-    from pyimagesearch import runtime
-
     listing = subprocess.run((sys.executable, "-m", "pip", "config", "list"),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
     index = pip_index(listing)
     if index is None:
-        return {"verdict": runtime.ANSWERS, "via": "a local index"}
+        return {"verdict": ANSWERS, "via": "a local index"}
     host, port, proxy = index
     environ = dict(os.environ, HTTPS_PROXY=proxy) if proxy else os.environ
     return runtime.probe((host, port), INDEX_TIMEOUT_SECONDS, environ)
@@ -190,8 +185,6 @@ def install_missing(host, repo=".", version_of=installed_version,
     ($PYIMAGESEARCH_HOST_ROOT, the tests' TPU) the commands are only shown:
     they would uninstall the TensorFlow of the environment the tests run in.
     """
-    from pyimagesearch.runtime import ANSWERS, SILENT
-
     commands = install_commands(host, repo, version_of)
     if not commands:
         print("[INFO] this runtime has every package the scripts need")

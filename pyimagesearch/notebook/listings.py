@@ -12,7 +12,7 @@ import os
 import pathlib
 import re
 import tokenize
-from pyimagesearch.notebook import NotebookStop, show_markdown
+from pyimagesearch.notebook import NotebookStop, ipython_display, show_markdown
 
 MARK = re.compile(r"# \+(\s|$)")  # at the start of a comment: "# +", "# + the reason"
 FOLD_FROM = 4  # so many marked lines in a row are folded into one line that opens them
@@ -104,10 +104,9 @@ def listing_html(numbered, title, marked=frozenset()):
 
 def _display_listing(numbered, title, marked=frozenset()):
     """Show `numbered` as HTML, and as numbered plain text where HTML is not shown."""
-    from IPython.display import display
-
-    display({"text/html": listing_html(numbered, title, marked),
-             "text/plain": "\n".join(f"{n:4d}  {line}" for n, line in numbered)}, raw=True)
+    shown = {"text/html": listing_html(numbered, title, marked),
+             "text/plain": "\n".join(f"{n:4d}  {line}" for n, line in numbered)}
+    ipython_display().display(shown, raw=True)
 
 
 def show_listing(path, repo=".", name=None):

@@ -10,8 +10,8 @@ logs (`estimate`). Nothing here runs a script: the notebook's cells do.
 import json
 import pathlib
 import re
-from pyimagesearch import tpu_runtime
-from pyimagesearch.notebook import show_markdown
+from pyimagesearch import config, tpu_runtime
+from pyimagesearch.notebook import ipython_display, show_markdown
 
 ARTICLE_MATMUL = {"CPU": 0.79, "GPU": 0.000436, "TPU (8 cores)": 0.06}  # naive, its listings
 LISTINGS_RECORD = "outputs/quoted/listings/tf221.json"  # tools/check_listings.py's record
@@ -119,8 +119,7 @@ def show_written(run, folder, before=None):
     The record's name is the script's choice (device, rehearsal, flags):
     whatever the run wrote is shown, and its own name where it wrote none new.
     """
-    from IPython.display import Image, display
-
+    shown = ipython_display()
     written = [] if before is None else sorted(
         path for path, stamp in run_records(folder).items() if before.get(path) != stamp)
     for path in written or [pathlib.Path(folder, run.name + ".json")]:
@@ -134,7 +133,7 @@ def show_written(run, folder, before=None):
         show_markdown(record_table(record))
         figure = path.with_suffix(".png")
         if figure.is_file():
-            display(Image(filename=str(figure), width=320))
+            shown.display(shown.Image(filename=str(figure), width=320))
 
 
 def run_records(folder):
@@ -155,8 +154,6 @@ def _epochs(argv):
     value = tpu_runtime.flag_value(list(argv), "--epochs")
     if value is not None:
         return int(value)
-    from pyimagesearch import config  # imports nothing of TensorFlow
-
     return config.EPOCHS
 
 
