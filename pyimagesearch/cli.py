@@ -23,14 +23,18 @@ import functools
 import os
 import re
 
+import tensorflow as tf
+
 from pyimagesearch import config
+from pyimagesearch.callbacks import make_callbacks
+from pyimagesearch.data import figure_digits
 from pyimagesearch.errors import EXIT_USER_ERROR, NothingToDo, OneLineParser, UserError  # noqa: F401
 from pyimagesearch.exits import note_run, run_main  # noqa: F401  (the scripts')
-from pyimagesearch.files import check_output_dir
-from pyimagesearch.plan import (Settings, figure_path, one_run, set_run,  # noqa: F401
-                                start_data_at, written)
+from pyimagesearch.files import check_output_dir, recover
+from pyimagesearch.plan import (Settings, check_levers, figure_path, one_run,  # noqa: F401
+                                plan_run, set_run, start_data_at, written)
 from pyimagesearch.strategies import PRECISIONS, set_precision
-from pyimagesearch.sources import SOURCES
+from pyimagesearch.sources import SOURCES, probe_network, resolve_data_dir, resolve_source
 
 
 
@@ -279,9 +283,6 @@ def plan(device, args, strategy):
     sets the compute precision, before the model is built; in a cluster,
     checks that every worker runs the same settings on the same data.
     """
-    from pyimagesearch.sources import probe_network, resolve_data_dir, resolve_source
-    from pyimagesearch.plan import check_levers, plan_run
-
     settings = Settings.from_args(args)
     backend = getattr(strategy, "keras_backend", "tensorflow")
     if backend == "jax":
@@ -337,8 +338,6 @@ def tpu_node(strategy):
     so its file reads and writes (datasets, checkpoints, summaries) happen on
     the TPU's host, which cannot see this machine's disk.
     """
-    import tensorflow as tf
-
     resolver = getattr(strategy, "cluster_resolver", None)
     if not isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver):
         return None
@@ -371,9 +370,6 @@ def callbacks(plan):
     already: training resumes there, and the run's get_data starts its
     training batches there.
     """
-    from pyimagesearch.data import figure_digits
-    from pyimagesearch.callbacks import make_callbacks
-
     run_callbacks = make_callbacks(plan, figure_digits(
         plan.source.examples(config.VALIDATION_FLAG)))
     start_data_at(run_callbacks.resume(plan.cluster))
@@ -424,8 +420,6 @@ def check_run_flags(settings, is_chief=True):
                              (settings.logdir, "--logdir folder")):
             if folder:
                 check_output_dir(folder, kind)
-        from pyimagesearch.files import recover
-
         recover(settings.output_dir)  # what a run killed while it wrote its outputs left
 
 

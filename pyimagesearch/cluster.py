@@ -31,6 +31,8 @@ import re
 import socket
 import time
 
+import tensorflow as tf
+
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
 
@@ -375,8 +377,6 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
     """
     if cluster is None:
         return
-    import tensorflow as tf
-
     me = f"{cluster.task_type}:{cluster.task_index}"
     runtime = _key_value_store()
     runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
@@ -408,8 +408,6 @@ def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
     """
     if cluster is None or cluster.task_type == EVALUATOR:
         return decide()
-    import tensorflow as tf
-
     key = f"pyimagesearch/decided/{topic}"
     runtime = _key_value_store()
     if cluster.is_chief:
@@ -436,8 +434,6 @@ def peer_lost(cluster, error):
     """
     if cluster is None:
         return None
-    import tensorflow as tf
-
     lost = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
             tf.errors.AbortedError, tf.errors.CancelledError)
     if not isinstance(error, lost) or not _PEER.search(str(getattr(error, "message", error))):
@@ -476,7 +472,5 @@ def collective_communication(rehearse):
     GPUs of one machine; NCCL uses NVLink and the GPUs' own transport. A
     rehearsal on CPUs keeps AUTO (NCCL needs GPUs).
     """
-    import tensorflow as tf
-
     implementation = tf.distribute.experimental.CommunicationImplementation
     return implementation.AUTO if rehearse else implementation.NCCL

@@ -15,6 +15,7 @@ import sys
 
 import keras
 import tensorflow as tf
+from matplotlib.figure import Figure
 
 # autoencoder, loss and strategies (its optimizer): registered for load_model
 from pyimagesearch import autoencoder, config, loss, strategies  # noqa: F401
@@ -158,8 +159,6 @@ def figure(title, images, predicted):
     for tools/redraw_figure.py (tests/test_redraw_figure.py holds the two to
     the same pixels). Saved at 80 dpi.
     """
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(4, 16), layout="constrained", dpi=80)
     rows = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
     fig.suptitle(title, fontsize="medium")

@@ -30,6 +30,7 @@ imports TensorFlow or the package.
 """
 import contextlib
 import importlib.abc
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -227,8 +228,6 @@ def import_ignores_the_level():
     of any release: True, as before. tensorflow-tpu's import can load libtpu,
     which keeps its own log levels (docs/tpus.md), and was not tried here.
     """
-    import importlib.metadata
-
     found = []
     try:
         for name in TENSORFLOW_BUILDS:

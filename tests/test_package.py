@@ -141,9 +141,8 @@ def _functions_imports():
 
 # each loads what a plain run must not (an opt-in module: cluster, workarounds,
 # tfrecords; tensorflow_datasets' 0.6 s), or what only some machines have (IPython,
-# google.colab, libtpu); the comment beside each says which. 30 of them are in
-# cli, plan, outputs, callbacks, strategies and cluster.
-MAX_IMPORTS_IN_FUNCTIONS = 38
+# google.colab, libtpu); the comment beside each says which
+MAX_IMPORTS_IN_FUNCTIONS = 30
 
 
 def test_imports_inside_functions_are_few():

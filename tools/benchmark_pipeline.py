@@ -119,7 +119,7 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
     from pyimagesearch.plan import make_optimizer
-    from pyimagesearch.plan import set_precision, with_loss_scaling
+    from pyimagesearch.strategies import set_precision, with_loss_scaling
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
