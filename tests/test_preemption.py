@@ -238,6 +238,6 @@ def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
     monkeypatch.setattr(exits.os, "_exit", exited.append)
     monkeypatch.setattr(exits.signal, "pthread_sigmask", lambda how, mask: set())
     monkeypatch.setattr(exits.signal, "sigpending", lambda: {signal.SIGTERM})
-    exits._at_the_very_end()
+    exits.at_the_very_end()
     assert exited == [143]
     assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err

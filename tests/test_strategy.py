@@ -123,7 +123,7 @@ TOO_OLD = ("I0000 00:00:1.2 7 gpu_device.cc:2100] Ignoring visible gpu device "
 @pytest.mark.parametrize("log", ["", CUINIT_NO_DRIVER_221, CUINIT_NO_DRIVER_220,
                                  CUINIT_NO_DEVICE, NO_CUDART + CUINIT_NO_DRIVER_221])
 def test_no_gpu_at_all_gets_the_plain_message(log):
-    assert strategy._no_gpu_message(log) == NO_GPU
+    assert strategy.no_gpu_message(log) == NO_GPU
 
 
 @pytest.mark.parametrize("log, said, advice", [
@@ -133,7 +133,7 @@ def test_no_gpu_at_all_gets_the_plain_message(log):
     (TOO_OLD, "The minimum required Cuda capability is 6.0.", "--rehearse N"),
 ])
 def test_a_gpu_tensorflow_cannot_use_is_not_called_missing(log, said, advice):
-    message = strategy._no_gpu_message(log)
+    message = strategy.no_gpu_message(log)
     assert "no GPU is visible" not in message and "\n" not in message
     assert said in message and advice in message and "--rehearse N" in message
 
@@ -230,7 +230,7 @@ def test_a_missing_rehearsal_hook_is_reported_once(monkeypatch, capsys):
     monkeypatch.delattr(_device_buffer_hook(), "_create_device_dataset")
     # no public way: the warning is said once per process, and an earlier test may have
     # said it already; forget that it was
-    workarounds._warn_hook_missing.cache_clear()
+    workarounds.warn_hook_missing.cache_clear()
     workarounds.plain_device_buffers()
     workarounds.plain_device_buffers()
     lines = capsys.readouterr().err.splitlines()

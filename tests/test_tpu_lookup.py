@@ -201,7 +201,7 @@ def test_no_device_check_for_a_tpu_at_an_address(monkeypatch):
 
     monkeypatch.setattr(tpu_lookup, "answers", lambda address, timeout_s: True)
     monkeypatch.setattr(tpu_lookup, "local_devices", lambda: pytest.fail("devices listed"))
-    assert isinstance(tpu_lookup._find_tpu(Remote, "grpc://10.0.0.2:8470"), Remote)
+    assert isinstance(tpu_lookup.find_tpu(Remote, "grpc://10.0.0.2:8470"), Remote)
 
 
 def _machine(root, device_file):
@@ -219,9 +219,9 @@ def test_a_tpu_vm_is_local_whatever_chip_device_it_shows(monkeypatch, no_tpu_env
 
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, device_file)))
     asked = []
-    assert tpu_lookup._tpu_resolver(_colab_resolver(asked), None) == "local"
+    assert tpu_lookup.tpu_resolver(_colab_resolver(asked), None) == "local"
     assert asked == ["local"]
-    assert tpu_lookup._tpu_resolver(_colab_resolver(asked), "my-tpu") == "my-tpu"  # --tpu wins
+    assert tpu_lookup.tpu_resolver(_colab_resolver(asked), "my-tpu") == "my-tpu"  # --tpu wins
 
 
 def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_path):
@@ -230,7 +230,7 @@ def test_without_chips_the_plain_lookup_decides(monkeypatch, no_tpu_env, tmp_pat
     monkeypatch.setenv(host.ROOT_ENV, str(_machine(tmp_path, "dev/vfio/vfio")))  # no chip
     asked = []
     with pytest.raises(ValueError, match="Please provide a TPU Name"):
-        tpu_lookup._tpu_resolver(_colab_resolver(asked), None)
+        tpu_lookup.tpu_resolver(_colab_resolver(asked), None)
     assert asked == [None]
 
 
@@ -272,7 +272,7 @@ def test_a_tpu_address_where_nothing_answers_is_one_line(monkeypatch, tmp_path, 
         closed = probe.getsockname()[1]
     address = f"grpc://127.0.0.1:{closed}"
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver
-    monkeypatch.setattr(tpu_lookup, "_tpu_resolver", lambda found, tpu: resolver(tpu=address))
+    monkeypatch.setattr(tpu_lookup, "tpu_resolver", lambda found, tpu: resolver(tpu=address))
     monkeypatch.setattr(tpu_lookup, "detect", lambda: host.Host("local", 0, chips, "v4"))
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", None)  # never reached
     with pytest.raises(UserError, match=f"^nothing answers at {address}, {re.escape(said)}"):
