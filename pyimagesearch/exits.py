@@ -191,7 +191,7 @@ def _guard_the_exit(main):
     _process.resumable, _process.cluster = False, None
     if _process.hooked:
         return
-    atexit.register(_at_the_very_end)
+    atexit.register(at_the_very_end)
     _process.hooked = True
 
 
@@ -208,7 +208,7 @@ def _late_signal(signum, frame=None):
     os._exit(128 + signum)
 
 
-def _at_the_very_end():
+def at_the_very_end():
     """At exit, after a run ended well: a signal that came is said; none can cut the end."""
     if not _process.over:
         return
@@ -236,7 +236,7 @@ def _stderr_whole():
     end_collective_noise_filter()
 
 
-def _write_refused(error):
+def write_refused(error):
     """The one line for a write the system refused (a full disk, a size limit, ...); else None.
 
     The backup, the outputs and their scratch copies say so in lines of their
@@ -372,7 +372,7 @@ def _run(main, argv):
             # the handler's exception, wrapped by whatever caught it (tf.function's
             # input binding makes it a TypeError)
             raise Preempted(STOPPED) from error
-        stopped = _peer_lost(_process.cluster, error) or _write_refused(error)
+        stopped = _peer_lost(_process.cluster, error) or write_refused(error)
         if stopped is None:
             raise
         raise stopped from error

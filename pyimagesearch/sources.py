@@ -93,7 +93,7 @@ class SampleSource(Source):
         super().__init__(reason)
 
     def _read(self, split):
-        splits = _split_sample()
+        splits = split_sample()
         if split not in splits:
             raise UserError(f"the sample has splits {sorted(splits)}, not {split!r}")
         return splits[split]
@@ -285,7 +285,7 @@ def read_sample():
 
 
 @functools.lru_cache(maxsize=None)
-def _split_sample():
+def split_sample():
     """{'train': (uint8 images, labels), 'test': (...)}, split per class; read once."""
     images, labels = read_sample()
     # per digit class, in file order: the last 10% go to validation, so the

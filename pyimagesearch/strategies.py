@@ -72,7 +72,7 @@ def _log_messages(text):
     return messages
 
 
-def _no_gpu_message(log):
+def no_gpu_message(log):
     """One line on why TensorFlow listed no GPU, from what it logged while looking."""
     messages = _log_messages(log)
 
@@ -108,7 +108,7 @@ def check_gpus():
     with native_stderr_quiet() as captured:
         gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        raise UserError(_no_gpu_message(captured.text()))
+        raise UserError(no_gpu_message(captured.text()))
 
 
 def rehearsal(replicas):

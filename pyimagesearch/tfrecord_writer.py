@@ -40,7 +40,7 @@ def check_destination(folder, overwrite=False):
     return finished
 
 
-def _write_shard(path, records, compression):
+def write_shard(path, records, compression):
     """Write `records` to the local scratch file `path`; its entry in the metadata."""
     options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
     with tf.io.TFRecordWriter(path, options) as writer:
@@ -106,7 +106,7 @@ def _write_staged(staged, splits, dataset, origin, origin_reason, command, shard
         count = min(shards, len(images))
         parts = np.array_split(np.arange(len(images)), count)
         listing[split] = {"images": int(len(images)), "shards": [
-            _write_shard(staged.path(shard_name(split, index, count, compression)),
+            write_shard(staged.path(shard_name(split, index, count, compression)),
                          [serialize(images[i], labels[i]) for i in part], compression)
             for index, part in enumerate(parts)]}
     metadata = {

@@ -202,7 +202,7 @@ def verify(folder):
         for split in metadata["splits"]:
             paths, counts = split_files(folder, metadata, split)
             for path, count, shard in zip(paths, counts, metadata["splits"][split]["shards"]):
-                _verify_shard(path, count, shard.get("bytes"), shape, compression)
+                verify_shard(path, count, shard.get("bytes"), shape, compression)
                 if shard.get("sha256") and "://" not in path:
                     _check_sha256(path, shard["sha256"])
     return metadata
@@ -220,7 +220,7 @@ def _check_sha256(path, expected):
                         "differs): replaced or edited; run tools/write_tfrecords.py again")
 
 
-def _verify_shard(path, count, size, shape, compression):
+def verify_shard(path, count, size, shape, compression):
     """Check one shard: its size, readable records, their count and their shapes."""
     try:
         if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):

@@ -33,7 +33,7 @@ def _tpu_label(tpu):
     return f"TPU {name!r}" if name else "the TPU"
 
 
-def _tpu_resolver(resolver, tpu):
+def tpu_resolver(resolver, tpu):
     """`resolver` (TPUClusterResolver) for `tpu`; without one, this TPU VM's chips, or what the
     environment names.
 
@@ -50,8 +50,8 @@ def _tpu_resolver(resolver, tpu):
     return resolver()  # TPU_NAME, TPU_CONFIG or GKE's endpoints name a TPU elsewhere
 
 
-def _find_tpu(resolver, tpu):
-    """_tpu_resolver(resolver, tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
+def find_tpu(resolver, tpu):
+    """tpu_resolver(resolver, tpu), given at most TPU_LOOKUP_TIMEOUT_S seconds.
 
     Given a TPU name (--tpu or $TPU_NAME) but no project and zone,
     TPUClusterResolver asks Google Cloud's metadata server for them with no
@@ -74,7 +74,7 @@ def _find_tpu(resolver, tpu):
 
     def look_up():
         try:
-            outcome["resolver"] = _tpu_resolver(resolver, tpu)
+            outcome["resolver"] = tpu_resolver(resolver, tpu)
         except BaseException as error:  # handed over to the waiting thread
             outcome["error"] = error
 
@@ -169,7 +169,7 @@ def tpu_errors(tpu=None):
     try:
         # TensorFlow's lines on the way go unseen: ours says what failed
         with native_stderr_quiet(_TPU_ERRORS + (UserError,)):
-            yield lambda resolver: _find_tpu(resolver, tpu)
+            yield lambda resolver: find_tpu(resolver, tpu)
     except _TPU_ERRORS as error:
         detail = tensorflow_cause(error)
         hint = _REHEARSE_TPU

@@ -83,7 +83,7 @@ def plain_device_buffers():
     ops = multi_device_iterator_ops
     original = getattr(ops, "_create_device_dataset", None)
     if original is None:
-        _warn_hook_missing()
+        warn_hook_missing()
         return
     if getattr(original, "_pyimagesearch", False):
         return  # patched already (a second rehearsal in one process)
@@ -100,7 +100,7 @@ def plain_device_buffers():
 
 
 @functools.cache  # what says it once: a second call returns the first one's None
-def _warn_hook_missing():
+def warn_hook_missing():
     """Say once per process that the rehearsal stall fix is switched off."""
     print("warning: this TensorFlow has no multi_device_iterator_ops."
           "_create_device_dataset to turn autotuning off on per-device input "

@@ -22,9 +22,9 @@ REFUSED = {"verdict": sources.REFUSED, "via": "storage.googleapis.com:443"}
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    sources._split_sample.cache_clear()
+    sources.split_sample.cache_clear()
     yield
-    sources._split_sample.cache_clear()
+    sources.split_sample.cache_clear()
 
 
 def test_get_data_through_tfds_load(tmp_path):
@@ -47,9 +47,9 @@ def test_sample_split_is_stratified_deterministic_and_disjoint():
     assert train.dtype == np.uint8 and val.max() > 200  # real pixel values
     train_rows = {row.tobytes() for row in train}
     assert not any(row.tobytes() in train_rows for row in val)
-    sources._split_sample.cache_clear()
+    sources.split_sample.cache_clear()
     np.testing.assert_array_equal(
-        sources._split_sample()[config.VALIDATION_FLAG][0], val)
+        sources.split_sample()[config.VALIDATION_FLAG][0], val)
 
 
 def test_sample_validation_holds_every_digit_in_proportion():

@@ -189,7 +189,7 @@ def _install(monkeypatch, repo, host, installed, verdict=ANSWERS, pip_says=(0, "
         ran.append(command)
         return pip_says
 
-    monkeypatch.setattr(install, "_run_pip", run_pip)
+    monkeypatch.setattr(install, "run_pip", run_pip)
     install.install_missing(host, repo, _versions(installed),
                              _requires('libtpu==0.0.21.*; extra == "tpu"'),
                              lambda: {"verdict": verdict, "via": "pypi.org:443"})
@@ -251,7 +251,7 @@ def test_an_install_that_fails_after_the_uninstall_says_what_is_gone(monkeypatch
     said = iter([(0, "Successfully uninstalled tensorflow-2.19.0"),
                  (1, "ERROR: Could not install packages due to an OSError: [Errno 28] No space "
                      "left on device")])
-    monkeypatch.setattr(install, "_run_pip", lambda command: next(said))
+    monkeypatch.setattr(install, "run_pip", lambda command: next(said))
     with pytest.raises(notebook.NotebookStop) as stop:
         install.install_missing(COLAB_TPU, repo, _versions(TF_TPU_IMAGE), _requires(),
                                  lambda: {"verdict": ANSWERS, "via": "pypi.org:443"})
@@ -264,7 +264,7 @@ def test_pips_output_is_shown_line_by_line_and_its_error_kept(capfd):
     script = ("import sys; print('Collecting tensorflow-tpu', flush=True); "
               "print('ERROR: no space left', file=sys.stderr, flush=True); "
               "print('[notice] a new pip', flush=True); sys.exit(3)")
-    assert install._run_pip((sys.executable, "-c", script)) == (3, "ERROR: no space left")
+    assert install.run_pip((sys.executable, "-c", script)) == (3, "ERROR: no space left")
     assert capfd.readouterr().out == ("Collecting tensorflow-tpu\nERROR: no space left\n"
                                       "[notice] a new pip\n")
 
@@ -289,7 +289,7 @@ def test_the_probe_asks_the_index_pip_is_configured_with(monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     for name in ("PIP_NO_INDEX", "PIP_PROXY", "https_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    assert install._probe_index() == {"verdict": REFUSED, "via": "127.0.0.1:9"}
+    assert install.probe_index() == {"verdict": REFUSED, "via": "127.0.0.1:9"}
 
 
 # --- the JAX route against the runtimes' published package lists ----------------------------
@@ -302,7 +302,7 @@ def test_on_colabs_tpu_image_the_install_changes_nothing_it_ships(repo):
     commands = _pip(install.install_commands(COLAB_TPU, repo,
                                               _versions(COLAB_TPU_PUBLISHED)), repo)
     assert [command[0] for command in commands] == ["install"]
-    named = [install._name(spec) for spec in commands[0][1:]]
+    named = [install.requirement_name(spec) for spec in commands[0][1:]]
     assert named == ["tensorflow-cpu", "mlxtend", "importlib-resources"]
     assert not set(named) & set(COLAB_TPU_PUBLISHED)
     for kept in ("jax", "jaxlib", "libtpu", "keras", "numpy", "pandas", "protobuf"):

@@ -85,25 +85,25 @@ def test_float32_on_ampere_and_later_uses_the_tf32_peak_only_when_enabled():
 
 @pytest.mark.parametrize("text, per_cycle", [(ZEN4, 32), (ZEN5, 64), (XEON, 64), (ZEN3, 32)])
 def test_flops_per_cycle_by_vendor_and_family(text, per_cycle):
-    processors = matmul_benchmark._cpuinfo(text)
+    processors = matmul_benchmark.cpuinfo(text)
     assert len(processors) == 4
     assert matmul_benchmark.flops_per_cycle(processors[0]) == per_cycle
 
 
 def test_cpu_peak_counts_physical_cores_not_smt_siblings():
-    processors = matmul_benchmark._cpuinfo(ZEN4)  # 4 vCPUs on 2 cores
+    processors = matmul_benchmark.cpuinfo(ZEN4)  # 4 vCPUs on 2 cores
     peak = matmul_benchmark.cpu_peak(processors, cpus={0, 1, 2, 3}, max_mhz=3000.0)
     assert peak["cores"] == 2 and peak["tflops"] == pytest.approx(2 * 3.0e9 * 32 / 1e12)
     # CPUs 0 and 2 are the two threads of core 0
     assert matmul_benchmark.cpu_peak(processors, cpus={0, 2}, max_mhz=3000.0)["cores"] == 1
-    no_smt = matmul_benchmark._cpuinfo(NO_SMT)
+    no_smt = matmul_benchmark.cpuinfo(NO_SMT)
     assert matmul_benchmark.cpu_peak(no_smt, cpus={0, 2}, max_mhz=3000.0)["cores"] == 2
 
 
 def test_cpu_peak_counts_only_the_cpus_this_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
     assert matmul_benchmark.usable_cpus() == {1}
-    peak = matmul_benchmark.cpu_peak(matmul_benchmark._cpuinfo(NO_SMT))
+    peak = matmul_benchmark.cpu_peak(matmul_benchmark.cpuinfo(NO_SMT))
     assert (peak["cpus"], peak["cores"]) == (1, 1)
     assert peak["tflops"] == pytest.approx(peak["ghz"] * 1e9 * 64 / 1e12)
 

@@ -418,14 +418,14 @@ def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
     from pyimagesearch import files as publish
 
     monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
-    said = exits._write_refused(error)
+    said = exits.write_refused(error)
     assert said is not None and str(said).startswith(line), said
     assert str(said).endswith("earlier outputs are untouched") and "\n" not in str(said)
 
 
 def test_a_read_that_fails_with_eio_is_not_called_a_refused_write():
-    assert exits._write_refused(tf.errors.DataLossError(None, None, "Input/output error")) is None
-    assert exits._write_refused(ValueError("something else")) is None
+    assert exits.write_refused(tf.errors.DataLossError(None, None, "Input/output error")) is None
+    assert exits.write_refused(ValueError("something else")) is None
 
 
 @pytest.mark.slow

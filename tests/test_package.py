@@ -209,3 +209,38 @@ def test_few_module_level_mutable_states():
     assert len(states) <= MAX_MODULE_LEVEL_STATES, (
         f"{len(states)} module-level states, over {MAX_MODULE_LEVEL_STATES}: "
         + ", ".join(f"{module}.{name}" for module, name in states))
+
+
+MAX_TEST_FILE_LINES = 600
+
+
+def _private_names_taken(tree):
+    """`from pyimagesearch... import _name` and `module._name(...)` on a package or tools module."""
+    modules, taken = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyimagesearch"):
+            taken += [f"from {node.module} import {alias.name}" for alias in node.names
+                      if alias.name.startswith("_")]
+            modules |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules |= {(alias.asname or alias.name).split(".")[0] for alias in node.names
+                        if (REPO / "tools" / f"{alias.name}.py").exists()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in modules \
+                and node.func.attr.startswith("_") and not node.func.attr.startswith("__"):
+            taken.append(f"{node.func.value.id}.{node.func.attr}(...)")
+    return taken
+
+
+def test_tests_hold_to_their_rules():
+    # each test file at most MAX_TEST_FILE_LINES lines, and tests call the package's
+    # public functions: none imports or calls one of its private (_name) ones
+    broken = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_TEST_FILE_LINES:
+            broken.append(f"{path.name}: {lines} lines, over {MAX_TEST_FILE_LINES}")
+        broken += [f"{path.name}: {taken}" for taken in _private_names_taken(ast.parse(text))]
+    assert not broken, "\n".join(broken)

@@ -231,13 +231,13 @@ def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how,
 def test_a_signal_blocked_at_the_very_end_is_said_not_lost(monkeypatch, capsys):
     # the exit hook blocks both signals; one that came before it looked is said
     exited = []
-    # no public way: a run that ends well (cli.run_main) would leave this process's SIGTERM
-    # exiting it
+    # no public way (both lines): a run that ends well (cli.run_main) would leave this
+    # process's SIGTERM exiting it
     monkeypatch.setattr(exits._process, "over", True)
     monkeypatch.setattr(exits._process, "main", object())
     monkeypatch.setattr(exits.os, "_exit", exited.append)
     monkeypatch.setattr(exits.signal, "pthread_sigmask", lambda how, mask: set())
     monkeypatch.setattr(exits.signal, "sigpending", lambda: {signal.SIGTERM})
-    exits._at_the_very_end()
+    exits.at_the_very_end()
     assert exited == [143]
     assert "stopped by SIGTERM after the run had ended" in capsys.readouterr().err

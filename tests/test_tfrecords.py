@@ -207,7 +207,7 @@ args, sys.argv = sys.argv[1:], ["write_tfrecords.py"]
 from pyimagesearch import cli, tfrecord_writer
 import write_tfrecords
 how = os.environ["HOW"]
-real_shard, real_rename, calls = tfrecord_writer._write_shard, tf.io.gfile.rename, []
+real_shard, real_rename, calls = tfrecord_writer.write_shard, tf.io.gfile.rename, []
 def shard(*args):
     calls.append("shard")
     if how == "shard" and calls.count("shard") == 2:
@@ -218,7 +218,7 @@ def rename(*args, **kwargs):
     if calls.count("rename") == 3:
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
     return real_rename(*args, **kwargs)
-tfrecord_writer._write_shard = shard
+tfrecord_writer.write_shard = shard
 if how != "shard":
     tf.io.gfile.rename = rename
 cli.run_main(write_tfrecords.main, args)
@@ -362,7 +362,7 @@ def test_a_tfrecord_folder_that_is_a_file_or_a_shard_that_is_a_folder(tmp_path):
         sources.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
     (tmp_path / "shard").mkdir()
     with pytest.raises(UserError, match="shard is a folder"):
-        tfrecords._verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
+        tfrecords.verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
 
 
 def test_a_shard_swapped_for_another_of_the_same_size_is_refused(tmp_path):

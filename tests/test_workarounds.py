@@ -234,7 +234,7 @@ UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|https://github
                                             "stop_preemption_handler"]),
     ("pyimagesearch.terminal", ["quiet_tensorflow_import", "filter_collective_noise"]),
     ("pyimagesearch.pipeline", ["seeded_passes"]),
-    ("pyimagesearch.tpu_lookup", ["_find_tpu"]),
+    ("pyimagesearch.tpu_lookup", ["find_tpu"]),
     ("pyimagesearch.runtime", ["leave_the_tpu_alone"]),
 ])
 def test_every_workaround_names_its_upstream_issue_and_where_it_ends(module, names):

@@ -11,7 +11,7 @@ scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
 (tests/test_loss_scaling.py): one jitted step sees the whole global batch.
 Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py):
 JAX and Keras are imported once the arguments are read, so that importing
-this module (parse_args, as tests/test_docs.py does) loads neither.
+this module (parse_args, as tests/test_docs_commands.py does) loads neither.
 """
 import argparse
 import datetime

@@ -121,7 +121,7 @@ def summarize(seconds, warmup):
             "repetitions": len(timed), "warmup": warmup}
 
 
-def _cpuinfo(text=None):
+def cpuinfo(text=None):
     """/proc/cpuinfo (or `text` in its format) as one {field: value} dict per processor."""
     if text is None:
         try:
@@ -152,7 +152,7 @@ def cpu_model(processors=None):
     """The CPU's model string from /proc/cpuinfo, or what `platform` knows."""
     import platform
 
-    processors = _cpuinfo() if processors is None else processors
+    processors = cpuinfo() if processors is None else processors
     models = [p["model name"] for p in processors if p.get("model name")]
     return models[0] if models else platform.processor() or platform.machine()
 
@@ -201,7 +201,7 @@ def cpu_peak(processors=None, cpus=None, max_mhz=None):
     boost clock the machine does not show could exceed it. Returns a dict of
     the figures, or None where /proc/cpuinfo says too little.
     """
-    processors = _cpuinfo() if processors is None else processors
+    processors = cpuinfo() if processors is None else processors
     cpus = usable_cpus() if cpus is None else set(cpus)
     mine = [p for p in processors if p.get("processor", "").isdigit()
             and int(p["processor"]) in cpus]

@@ -89,14 +89,14 @@ def install_commands(host, repo=".", version_of=installed_version):
     pip = (sys.executable, "-m", "pip")
     if jax_route(host, version_of):  # only what the image lacks: nothing is removed or replaced
         has_tensorflow = any(version_of(name) for name in TENSORFLOW_BUILDS)
-        unmet = [spec for spec in unmet if not (has_tensorflow and _name(spec) in
+        unmet = [spec for spec in unmet if not (has_tensorflow and requirement_name(spec) in
                                                 TENSORFLOW_BUILDS)]
         return [pip + ("install", *unmet)] if unmet else []
     build = "tensorflow-tpu" if host.accelerator == "tpu" else "tensorflow"
     installed = [name for name in TENSORFLOW_BUILDS if version_of(name) is not None]
     others = [name for name in installed if name != build]
     if others:  # every build goes, and this runtime's is installed afresh
-        unmet = [spec for spec in specs if spec in unmet or _name(spec) == build]
+        unmet = [spec for spec in specs if spec in unmet or requirement_name(spec) == build]
     if not unmet:
         return []
     commands = [pip + ("uninstall", "-y", *installed)] if others else []
@@ -108,7 +108,7 @@ def install_commands(host, repo=".", version_of=installed_version):
     return commands + [pip + ("install", *unmet)]
 
 
-def _name(spec):
+def requirement_name(spec):
     """The distribution a requirement line names, as pip compares names."""
     return canonicalize_name(Requirement(spec).name)
 
@@ -124,7 +124,7 @@ def jax_note(host, repo=".", version_of=installed_version, requires_of=_installe
     '' where JAX is not installed, or libtpu is already the pinned one.
     """
     pinned = [Requirement(spec) for spec in _requirements(
-        _requirements_file(host, repo, version_of)) if _name(spec) == "libtpu"]
+        _requirements_file(host, repo, version_of)) if requirement_name(spec) == "libtpu"]
     jax, current = version_of("jax"), version_of("libtpu")
     if host.accelerator != "tpu" or not pinned or jax is None or current is None:
         return ""
@@ -164,7 +164,7 @@ def pip_index(listing):
     return url.hostname, url.port or (443 if url.scheme == "https" else 80), settings.get("proxy")
 
 
-def _probe_index():
+def probe_index():
     """How pip's package index answers (runtime.py's probe); ANSWERS if it is local."""
     listing = subprocess.run((sys.executable, "-m", "pip", "config", "list"),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
@@ -177,7 +177,7 @@ def _probe_index():
 
 
 def install_missing(host, repo=".", version_of=installed_version,
-                    requires_of=_installed_requires, network=_probe_index):
+                    requires_of=_installed_requires, network=probe_index):
     """Run install_commands(host), pip's output shown as it comes; one line if it cannot.
 
     The package index is asked first: with no network (Kaggle with Internet
@@ -207,7 +207,7 @@ def install_missing(host, repo=".", version_of=installed_version,
     removed = ""  # said in the stop if the install after an uninstall fails
     for command in commands:
         print("[INFO] $ " + shlex.join(("python",) + tuple(command[1:])), flush=True)
-        status, last = _run_pip(command)
+        status, last = run_pip(command)
         if status:
             raise NotebookStop(f"pip could not install what this runtime lacks: "
                                f"{last or f'exit status {status}'}; is there a network"
@@ -217,7 +217,7 @@ def install_missing(host, repo=".", version_of=installed_version,
                        "pip can reach its index)")
 
 
-def _run_pip(command):
+def run_pip(command):
     """Run `command`, its output shown as it comes; (exit status, its last ERROR or other line)."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, errors="replace")
