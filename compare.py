@@ -414,8 +414,9 @@ def main(argv=None):
                             "hold the runs' records, or run this from the repository")
     runs = gather(args.folders)
     if not runs:
+        *some, last = runtime.SCRIPTS  # train_cpu.py, train_gpu.py or train_tpu.py
         raise UserError(f"no run records in {', '.join(args.folders)}; run "
-                        "train_cpu.py, train_gpu.py or train_tpu.py first")
+                        f"{', '.join(some)} or {last} first")
     output_dir = args.output_dir or args.folders[0]
     check_output_dir(output_dir)
 

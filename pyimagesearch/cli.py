@@ -31,6 +31,7 @@ from pyimagesearch.data import figure_digits
 from pyimagesearch.errors import EXIT_USER_ERROR, NothingToDo, OneLineParser, UserError  # noqa: F401
 from pyimagesearch.exits import note_run, run_main  # noqa: F401  (the scripts')
 from pyimagesearch.files import check_output_dir, recover
+from pyimagesearch.runtime import DEVICES, hardware
 from pyimagesearch.plan import (Settings, check_levers, figure_path, one_run,  # noqa: F401
                                 plan_run, set_run, start_data_at, written)
 from pyimagesearch.strategies import PRECISIONS, set_precision
@@ -130,7 +131,8 @@ def startup_seconds(text):
     return value
 
 
-EVERY_DEVICE = ("cpu", "gpu", "tpu")
+EVERY_DEVICE = DEVICES  # runtime.HARDWARE's: cpu, gpu, tpu
+REHEARSED = tuple(device for device in DEVICES if hardware(device).rehearse)  # gpu, tpu
 
 # The flags of train_<device>.py in --help's order, a row each: flag, type (a
 # flag type, a tuple of choices, bool for a switch, None for text), default,
@@ -159,7 +161,7 @@ FLAGS = (
     ("--output-dir", None, lambda device: os.path.dirname(figure_path(device)) or ".",
      lambda device: "where the figure, run record and model go: a folder or a bucket, "
                     "gs://... (default %(default)s, the folder "
-                    f"of config.{device.upper()}_IMG_PATH)", EVERY_DEVICE, None),
+                    f"of config.{hardware(device).figure})", EVERY_DEVICE, None),
     ("--seed", seed, lambda device: written("SEED"),
      "random seed (default %(default)s)", EVERY_DEVICE, None),
     ("--optimizer", OPTIMIZERS, lambda device: written("OPTIMIZER"),
@@ -198,7 +200,7 @@ FLAGS = (
      EVERY_DEVICE, "A,B"),
     ("--rehearse", bounded_int(1, MAX_REHEARSAL_DEVICES), None,
      f"split the CPU into N logical devices (at most {MAX_REHEARSAL_DEVICES}) and run this "
-     "very configuration on them, no accelerator needed", ("gpu", "tpu"), "N"),
+     "very configuration on them, no accelerator needed", REHEARSED, "N"),
     ("--startup-timeout", startup_seconds, STARTUP_TIMEOUT_S,
      "under TF_CONFIG, how long to wait for the other workers to start before giving up "
      "(default %(default)s)", ("gpu",), "SECONDS"),

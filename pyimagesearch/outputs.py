@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from pyimagesearch import autoencoder, config, loss, strategies  # noqa: F401
 from pyimagesearch.files import StagedOutputs, join, published, scratch_folder, write_json
 from pyimagesearch.plan import flags_apart, override
-from pyimagesearch.runtime import detect
+from pyimagesearch.runtime import detect, hardware
 
 
 def load_model(path):
@@ -59,7 +59,7 @@ class RunOutputs:
         except BaseException:
             self._staged.__exit__(*sys.exc_info())  # one line naming the scratch folder
             raise
-        self._figure = f"{plan.device.upper()}_IMG_PATH"
+        self._figure = hardware(plan.device).figure  # config's name: runtime.HARDWARE
         self._figure_was = getattr(config, self._figure)
         override({self._figure: self.path("png")})
         return self

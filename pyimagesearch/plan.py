@@ -20,7 +20,7 @@ import keras
 
 from pyimagesearch import config
 from pyimagesearch.errors import UserError
-from pyimagesearch.runtime import runtime_suffix, this_runtime
+from pyimagesearch.runtime import hardware, runtime_suffix, this_runtime
 
 
 
@@ -174,17 +174,19 @@ def run_name(device, settings, rehearsal=False, runtime=None, backend="tensorflo
     # an exponent's "+" is dropped, not made "-": 1e+300 and 1e-300 stay apart
     parts += [flag if value is None else f"{flag}-{str(value).replace('+', '')}"
               for flag, value in _differences(device, settings)]
-    parts += ["jax"] if backend == "jax" else []
+    tag = hardware(device, backend).tag  # "jax": Keras on JAX (runtime.HARDWARE)
+    parts += [tag] if tag else []
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts)) + runtime_suffix(
         device == "cpu" or rehearsal, runtime)
 
 
 def figure_path(device):
-    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH: names the run's outputs.
+    """config.CPU_IMG_PATH, GPU_IMG_PATH or TPU_IMG_PATH (the device's `figure` in
+    runtime.HARDWARE): names the run's outputs.
 
     Read when called, so an edited config.py (or a test's) takes effect.
     """
-    return getattr(config, f"{device.upper()}_IMG_PATH")
+    return getattr(config, hardware(device).figure)
 
 
 

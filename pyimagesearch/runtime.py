@@ -89,6 +89,56 @@ class Host:
         return f"{place}, no GPU or TPU"
 
 
+# --- The hardware table: each device and route, its script and what stands behind it ----------
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """One route to train: a device on one Keras backend, and the facts the package reads of it."""
+
+    device: str         # "cpu", "gpu" or "tpu": the plan's and the record's device
+    backend: str        # Keras' backend: "tensorflow" or "jax"
+    script: str         # the script that trains on it
+    strategy: str       # what builds the strategy (strategies.py's functions, TensorFlow's)
+    figure: str         # config's name of the figure path; its file's stem starts run names
+    requirements: str   # the file a notebook runtime with this device installs from
+    rehearse: object    # logical CPU devices of the notebook's rehearsal; None: not rehearsed
+    checks: str         # what the run checks before training
+    tag: str = ""       # the run name's part for this backend ("jax": runs named apart)
+
+
+HARDWARE = {  # the article's order: CPU, GPU, TPU; TensorFlow's route of a device first
+    "cpu": Hardware("cpu", "tensorflow", "train_cpu.py",
+                    "cpu_only, then TensorFlow's default strategy", "CPU_IMG_PATH",
+                    "requirements.txt", None, "any GPU hidden (cpu_only)"),
+    "gpu": Hardware("gpu", "tensorflow", "train_gpu.py",
+                    "check_gpus, then MirroredStrategy; multi_worker under TF_CONFIG",
+                    "GPU_IMG_PATH", "requirements.txt", 2,
+                    "a GPU TensorFlow can use (check_gpus); a cluster's peers (multi_worker)"),
+    "tpu": Hardware("tpu", "tensorflow", "train_tpu.py",
+                    "TPUClusterResolver and TPUStrategy inside tpu_errors", "TPU_IMG_PATH",
+                    "requirements-tpu.txt", 8,
+                    "the TPU's runtime chosen (tpu_runtime.prepare), the TPU found (tpu_errors)"),
+    "tpu_jax": Hardware("tpu", "jax", "train_tpu.py", "data_parallel (Keras' DataParallel)",
+                        "TPU_IMG_PATH", "requirements-jax-tpu.txt", 8,
+                        "the route (tpu_route), JAX's devices are TPUs (jax_route.strategy)",
+                        tag="jax"),
+}
+DEVICES = tuple(dict.fromkeys(row.device for row in HARDWARE.values()))  # cpu, gpu, tpu
+SCRIPTS = tuple(dict.fromkeys(row.script for row in HARDWARE.values()))
+
+
+def hardware(device, backend="tensorflow"):
+    """The row of HARDWARE for `device` ("cpu", "gpu", "tpu") on Keras' `backend`."""
+    for row in HARDWARE.values():
+        if (row.device, row.backend) == (device, backend):
+            return row
+    raise KeyError(f"no route for {device!r} on {backend!r}")
+
+
+def chooses_backend(script):
+    """True if `script` has routes on more than one Keras backend (train_tpu.py)."""
+    return len({row.backend for row in HARDWARE.values() if row.script == script}) > 1
+
+
 def _read(path):
     """A small text file's content, stripped; '' if it cannot be read."""
     try:

@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.runtime import DEVICES
 from pyimagesearch.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
 
 
@@ -242,7 +243,7 @@ def for_device(device, rehearse=None, tpu=None):
 
     With `rehearse` N, N logical CPU devices stand in for the GPUs or TPU cores.
     """
-    if device not in ("cpu", "gpu", "tpu"):
+    if device not in DEVICES:  # runtime.HARDWARE's
         raise UserError(f"unknown device {device!r}; choose cpu, gpu or tpu")
     if rehearse:
         return rehearsal(rehearse)

@@ -18,11 +18,15 @@ import subprocess
 import sys
 import threading
 
-from pyimagesearch.runtime import (detect, installed_version, leave_the_tpu_alone, runtime_suffix,
-                                   tpu_route, without_our_hold)
+from pyimagesearch import runtime
+from pyimagesearch.runtime import (chooses_backend, detect, hardware, installed_version,
+                                   leave_the_tpu_alone, runtime_suffix, tpu_route,
+                                   without_our_hold)
 
-DEVICES = ("auto", "cpu", "gpu", "tpu")
-REHEARSALS = {"gpu": 2, "tpu": 8}  # the article's 8 TPU cores; 2 GPUs, the smallest mirror
+DEVICES = ("auto",) + runtime.DEVICES
+# {"gpu": 2, "tpu": 8} (runtime.HARDWARE): the article's 8 TPU cores; 2 GPUs, the smallest mirror
+REHEARSALS = {device: hardware(device).rehearse for device in runtime.DEVICES
+              if hardware(device).rehearse}
 DRIVE_MOUNT = "/content/drive"
 DRIVE_FOLDER = "MyDrive/fast-training-runs"  # under the mount: survives a change of runtime
 KAGGLE_FOLDER = "/kaggle/working/fast-training-runs"
@@ -80,13 +84,13 @@ def plan_runs(host, device="auto", rehearse=True, flags=()):
     flags = tuple(flags)
     wanted = host.accelerator if device == "auto" else device
     if wanted == "cpu":
-        runs = [Run("cpu", ("train_cpu.py",) + flags)]
+        runs = [Run("cpu", (hardware("cpu").script,) + flags)]
         if host.accelerator == "cpu":
             runs += [_rehearsal(kind, flags, "offered on a runtime without GPU or TPU")
                      for kind in _rehearsed(rehearse)]
         return runs
     if wanted == host.accelerator:
-        return [Run(wanted, (f"train_{wanted}.py",) + flags)]
+        return [Run(wanted, (hardware(wanted).script,) + flags)]
     how = CHANGE_RUNTIME[host.service].format(kind=KINDS[wanted])
     print(f"[INFO] this notebook was set to train on {KINDS[wanted]}, but this runtime "
           f"({host.describe()}) has none: {how}, and run it again. Rehearsing the "
@@ -109,7 +113,8 @@ def _rehearsed(rehearse):
 def _rehearsal(kind, flags, reason):
     """The rehearsal of train_<kind>.py on logical CPU devices."""
     return Run(f"{kind}_rehearsal",
-               (f"train_{kind}.py", "--rehearse", str(REHEARSALS[kind])) + tuple(flags), reason)
+               (hardware(kind).script, "--rehearse", str(REHEARSALS[kind])) + tuple(flags),
+               reason)
 
 
 def jax_route(host, version_of=installed_version):
@@ -187,7 +192,7 @@ def script_environment(script=None):
     runtime.py); the others are TensorFlow's.
     """
     environ = without_our_hold(dict(os.environ))
-    if script and os.path.basename(script) == "train_tpu.py":
+    if script and chooses_backend(os.path.basename(script)):  # train_tpu.py
         environ.pop("KERAS_BACKEND", None)  # an image's KERAS_BACKEND=jax is not a choice
     else:  # JAX-first TPU images set KERAS_BACKEND=jax; these scripts are TensorFlow's
         environ["KERAS_BACKEND"] = "tensorflow"

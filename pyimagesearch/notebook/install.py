@@ -64,11 +64,9 @@ def _installed_requires(name):
 
 def _requirements_file(host, repo, version_of=installed_version):
     """requirements-jax-tpu.txt on a JAX TPU image, requirements-tpu.txt on another TPU,
-    requirements.txt elsewhere."""
-    if host.accelerator != "tpu":
-        return os.path.join(repo, "requirements.txt")
-    return os.path.join(repo, "requirements-jax-tpu.txt" if jax_route(host, version_of)
-                        else "requirements-tpu.txt")
+    requirements.txt elsewhere: the route's `requirements` in runtime.HARDWARE."""
+    backend = "jax" if jax_route(host, version_of) else "tensorflow"  # jax only on a TPU
+    return os.path.join(repo, runtime.hardware(host.accelerator, backend).requirements)
 
 
 def install_commands(host, repo=".", version_of=installed_version):

@@ -13,6 +13,7 @@ import pathlib
 import re
 import tokenize
 from pyimagesearch.notebook import NotebookStop, ipython_display, show_markdown
+from pyimagesearch.runtime import SCRIPTS
 
 MARK = re.compile(r"# \+(\s|$)")  # at the start of a comment: "# +", "# + the reason"
 FOLD_FROM = 4  # so many marked lines in a row are folded into one line that opens them
@@ -134,7 +135,7 @@ def _code_lines(path):
     return found
 
 
-def show_differences(scripts=("train_cpu.py", "train_gpu.py", "train_tpu.py"), repo="."):
+def show_differences(scripts=SCRIPTS, repo="."):
     """Each script's unmarked code lines that the other scripts do not have: the strategy."""
     codes = {script: _code_lines(os.path.join(repo, script)) for script in scripts}
     for script, lines in codes.items():
@@ -147,8 +148,8 @@ def show_differences(scripts=("train_cpu.py", "train_gpu.py", "train_tpu.py"), r
 def project_structure(repo="."):
     """The article's files, then what the repository adds, each with its docstring's first line."""
     root = pathlib.Path(repo)
-    article = ["train_cpu.py", "train_gpu.py", "train_tpu.py", "pyimagesearch/autoencoder.py",
-               "pyimagesearch/config.py", "pyimagesearch/data.py", "pyimagesearch/loss.py"]
+    article = [*SCRIPTS, "pyimagesearch/autoencoder.py", "pyimagesearch/config.py",
+               "pyimagesearch/data.py", "pyimagesearch/loss.py"]
     added = sorted({str(path.relative_to(root)) for pattern in ("*.py", "pyimagesearch/*.py",
                                                                 "tools/*.py")
                     for path in root.glob(pattern)} - set(article)
