@@ -1,10 +1,10 @@
-"""How a split becomes batches: one `Reading`, the in-memory pipeline, the TFRecord one.
+"""How a split becomes batches: one `Reading`, the in-memory pipeline, seeded passes.
 
 The in-memory pipeline decodes nothing per step: the split is held as uint8
 (47 MB for all of MNIST); it shuffles, batches, converts a whole batch to
 float at a time and prefetches, with no Python per image or per epoch. The
-TFRecord pipeline reads shards in parallel and parses a batch at a time
-(`tfrecords`). Under several input pipelines (one per worker) each keeps
+TFRecord pipeline (tfrecords.py, opt-in) reads shards in parallel, parses a
+batch at a time and ends as this one does (`finish`). Under several input pipelines (one per worker) each keeps
 its replicas' slices of every global batch (`_replica_slices`).
 
 Also here:
@@ -131,10 +131,10 @@ def make_pipeline(images, reading, input_context=None):
         dataset = dataset.skip(reading.skip)  # before any slicing: whole global batches
     if reading.batches is not None:
         dataset = dataset.take(reading.batches)
-    return _finish(dataset, input_context)
+    return finish(dataset, input_context)
 
 
-def _finish(dataset, input_context=None, local_batches=False, decode=None, decode_calls=None):
+def finish(dataset, input_context=None, local_batches=False, decode=None, decode_calls=None):
     """The common end of a pipeline of uint8 batches: slice, float pairs, prefetch.
 
     `decode` turns a batch of stored records into uint8 images first, on
@@ -157,59 +157,4 @@ def _finish(dataset, input_context=None, local_batches=False, decode=None, decod
     dataset = dataset.prefetch(PREFETCH_BATCHES)
     options = tf.data.Options()
     options.autotune.enabled = False
-    return dataset.with_options(options)
-
-
-def tfrecord_format():
-    """The TFRecord format's module (tfrecords.py), loaded for --data-source tfrecord only."""
-    from pyimagesearch import tfrecords  # lazy: opt-in, and it imports this module
-
-    return tfrecords
-
-
-def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
-    """`make_pipeline`'s batches, read from the TFRecord folder `folder`.
-
-    Every input pipeline of a multi-worker run reads the same stream for
-    evaluation (no shuffle) and keeps its replicas' slices, as
-    `make_pipeline` does, so all workers run the same number of validation
-    steps over exactly the images counted. Training data is split between
-    the pipelines instead (by shard file, or by record when there are fewer
-    files than pipelines): each reads only its share and batches its part of
-    the global batch (batch / pipelines), cut into its local replicas' slices.
-    """
-    tfrecords = tfrecord_format()
-    shard = None
-    if input_context is not None and reading.shuffle_size:
-        pipelines = input_context.num_input_pipelines
-        shard = (pipelines, input_context.input_pipeline_id)
-        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
-    keep = tfrecords.pass_size(folder, metadata, split, shard)
-    if reading.images is not None:
-        keep = min(keep, reading.images)
-    dataset = tfrecords.record_batches(folder, metadata, split, reading, keep, shard)
-    if reading.skip:
-        dataset = dataset.skip(reading.skip)  # this pipeline's share of each global batch
-    # the batch count, which reading shards hides: Keras needs it to stop at
-    # the end of the data, not in the middle of an execution of several steps
-    count = None
-    if not reading.repeat:
-        full, rest = divmod(keep, reading.batch_size)
-        count = full + (1 if rest and not reading.drop_remainder else 0)
-    if reading.batches is not None:
-        dataset = dataset.take(reading.batches)
-        count = reading.batches if count is None else min(reading.batches, count)
-    if count is not None:
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
-    dataset = _finish(dataset, input_context, local_batches=shard is not None,
-                      decode=tfrecords.image_decoder(metadata["image_shape"]),
-                      decode_calls=tfrecords.PARSE_CALLS)
-    if input_context is None:
-        # a strategy over several hosts (a TPU slice) splits it between them
-        return dataset
-    # this pipeline splits itself between the workers; a strategy's auto-shard
-    # rewrite would only drop the batch count, with a warning
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF)
     return dataset.with_options(options)

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from pyimagesearch import config
 from pyimagesearch.config import IMAGE_SHAPE
-from pyimagesearch.pipeline import make_pipeline, tfrecord_format, tfrecord_pipeline
+from pyimagesearch.pipeline import make_pipeline
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.runtime import ANSWERS, REFUSED, SILENT, probe  # noqa: F401 (callers)
 
@@ -143,7 +143,8 @@ class TfrecordSource(Source):
         return tfrecord_format().read_split(self.folder, split, self.metadata)
 
     def dataset(self, split, reading, input_context=None):
-        return tfrecord_pipeline(self.folder, self.metadata, split, reading, input_context)
+        return tfrecord_format().tfrecord_pipeline(self.folder, self.metadata, split, reading,
+                                                   input_context)
 
 
 def probe_network(address=_PROBE_HOST, timeout=PROBE_TIMEOUT_SECONDS, environ=os.environ):
@@ -327,3 +328,10 @@ def _tfds_examples(data_name, split, data_dir):
         raise UserError(f"{data_name}/{split} in {data_dir} is empty")
     return (np.concatenate([images for images, _ in batches]),
             np.concatenate([labels for _, labels in batches]))
+
+
+def tfrecord_format():
+    """The TFRecord format's module (tfrecords.py), loaded for --data-source tfrecord only."""
+    from pyimagesearch import tfrecords  # lazy: opt-in
+
+    return tfrecords

@@ -19,6 +19,7 @@ This module knows the format and reads it: arrays and batches of uint8
 images out; `tfrecord_writer` writes it (tools/write_tfrecords.py).
 `pyimagesearch.data` makes it the "tfrecord" source.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -28,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.files import join
-from pyimagesearch.pipeline import seeded_passes
+from pyimagesearch.pipeline import finish, seeded_passes
 from pyimagesearch.terminal import native_stderr_quiet
 
 METADATA_NAME = "metadata.json"  # published with the shards: its presence means "finished"
@@ -391,3 +392,50 @@ def record_batches(folder, metadata, split, reading, keep=None, shard=None):
 
     return seeded_passes(one_pass, seed, reading.repeat).batch(
         reading.batch_size, drop_remainder=reading.drop_remainder)
+
+
+def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
+    """`make_pipeline`'s batches, read from the TFRecord folder `folder`.
+
+    Every input pipeline of a multi-worker run reads the same stream for
+    evaluation (no shuffle) and keeps its replicas' slices, as
+    `make_pipeline` does, so all workers run the same number of validation
+    steps over exactly the images counted. Training data is split between
+    the pipelines instead (by shard file, or by record when there are fewer
+    files than pipelines): each reads only its share and batches its part of
+    the global batch (batch / pipelines), cut into its local replicas' slices.
+    """
+    shard = None
+    if input_context is not None and reading.shuffle_size:
+        pipelines = input_context.num_input_pipelines
+        shard = (pipelines, input_context.input_pipeline_id)
+        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
+    keep = pass_size(folder, metadata, split, shard)
+    if reading.images is not None:
+        keep = min(keep, reading.images)
+    dataset = record_batches(folder, metadata, split, reading, keep, shard)
+    if reading.skip:
+        dataset = dataset.skip(reading.skip)  # this pipeline's share of each global batch
+    # the batch count, which reading shards hides: Keras needs it to stop at
+    # the end of the data, not in the middle of an execution of several steps
+    count = None
+    if not reading.repeat:
+        full, rest = divmod(keep, reading.batch_size)
+        count = full + (1 if rest and not reading.drop_remainder else 0)
+    if reading.batches is not None:
+        dataset = dataset.take(reading.batches)
+        count = reading.batches if count is None else min(reading.batches, count)
+    if count is not None:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
+    dataset = finish(dataset, input_context, local_batches=shard is not None,
+                      decode=image_decoder(metadata["image_shape"]),
+                      decode_calls=PARSE_CALLS)
+    if input_context is None:
+        # a strategy over several hosts (a TPU slice) splits it between them
+        return dataset
+    # this pipeline splits itself between the workers; a strategy's auto-shard
+    # rewrite would only drop the batch count, with a warning
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF)
+    return dataset.with_options(options)
