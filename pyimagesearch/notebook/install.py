@@ -72,8 +72,9 @@ def _requirements_file(host, repo, version_of=installed_version):
 def install_commands(host, repo=".", version_of=installed_version):
     """The pip commands that bring what this runtime lacks; [] if nothing is missing.
 
-    A TPU gets requirements-tpu.txt (tensorflow-tpu), other runtimes what
-    requirements.txt lists and they lack; a GPU whose own TensorFlow does not
+    Colab's and Kaggle's JAX TPU images get what requirements-jax-tpu.txt
+    lists and they lack, another TPU requirements-tpu.txt (tensorflow-tpu),
+    other runtimes what requirements.txt lists and they lack; a GPU whose own TensorFlow does not
     fit gets tensorflow[and-cuda], as TensorFlow's install guide says for
     Linux, so that it finds the GPU. Where another TensorFlow build sits in
     place of this runtime's or beside it, every build installed is
