@@ -1,4 +1,4 @@
-"""What a run works out from what it is asked (`Settings`, settings.py): a `RunPlan`.
+"""What a run works out from what it is asked (`Settings`, below): a `RunPlan`.
 
 `plan_run` turns the settings into the numbers a run trains with on a
 number of replicas (global batch, steps, steps per execution, learning
@@ -319,7 +319,7 @@ class RunPlan:
 
         {"class_name": "adam", "config": {"learning_rate": 0.001}}: the name
         and the learning rate after --lr-scaling; under mixed_float16 wrapped
-        in the LossScaleOptimizer of precision.py.
+        in the LossScaleOptimizer of strategies.py.
         """
         if self.settings.optimizer not in ("adam", "sgd"):
             raise UserError(f"unknown optimizer {self.settings.optimizer!r}; choose adam or sgd")

@@ -358,7 +358,7 @@ def without_our_hold(environ):
 # train_gpu.py and the tools are TensorFlow's (tf.distribute strategies, its
 # device set-up): `tensorflow()` sets the variable for them, and says so in one
 # line when the environment asked for another backend (JAX-first TPU images
-# set KERAS_BACKEND=jax); it first makes the process's set-up (startup.py).
+# set KERAS_BACKEND=jax); it first makes the process's set-up (`process`, above).
 # train_tpu.py has two routes, and `tpu_runtime.prepare` picks one with
 # `tpu_route`:
 #

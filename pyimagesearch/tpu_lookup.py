@@ -37,7 +37,7 @@ def tpu_resolver(resolver, tpu):
     """`resolver` (TPUClusterResolver) for `tpu`; without one, this TPU VM's chips, or what the
     environment names.
 
-    Where this machine has TPU chips (any device file or PCI id host.py
+    Where this machine has TPU chips (any device file or PCI id runtime.py
     counts), it is a TPU VM, and TensorFlow reaches its chips as local
     devices: tpu="local", as Google's recipes pass. Colab's and Kaggle's
     TPU VMs set nothing TPUClusterResolver() reads: it raises "Please

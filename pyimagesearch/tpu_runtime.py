@@ -21,7 +21,7 @@ this module decides them first (docs/tpus.md has the sources):
   Set after the import, the variables do nothing.
 
 `prepare`, for the TPU run:
-- a PJRT host (host.py), or PYIMAGESEARCH_TPU_RUNTIME=pjrt on any TPU: both
+- a PJRT host (runtime.py), or PYIMAGESEARCH_TPU_RUNTIME=pjrt on any TPU: both
   variables are set, the library path from libtpu's own `get_library_path()`,
   and TPU_LIBRARY_PATH (what TensorFlow's own loader opens) names the same
   file, so one process never holds two libtpu builds;

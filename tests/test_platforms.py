@@ -1,7 +1,7 @@
 """Where the scripts run, with stand-ins: a v5e's files, libtpu, Colab's Drive, Kaggle.
 
 No GPU, TPU, Colab or Kaggle is here. These tests describe each of them
-with the files and variables that the platforms' own tools read (host.py
+with the files and variables that the platforms' own tools read (runtime.py
 names them), and hold what the notebook and train_tpu.py do there.
 """
 import os
@@ -45,7 +45,7 @@ def fake_machine(root, tpu=None, chips=1, gpus=0, device_files=False):
     return root
 
 
-# --- host.py -------------------------------------------------------------------------------
+# --- runtime.py: the host ------------------------------------------------------------------
 
 @pytest.mark.parametrize("tpu, chips, device_files, generation, pjrt", [
     (V5E, 1, False, "v5e", True),           # Colab's v5e-1

@@ -2,7 +2,7 @@
 
 The notebook never imports TensorFlow in its own kernel: on a GPU TensorFlow
 would hold the card's memory, and on a TPU it would hold the chips, that the
-training scripts need. So the kernel only reads the machine (host.py),
+training scripts need. So the kernel only reads the machine (runtime.py),
 installs what the runtime lacks (install.py), picks a folder that outlives
 the runtime, runs the scripts as processes (`run_script`) and shows what
 they wrote (records.py), and the code they run (listings.py).
