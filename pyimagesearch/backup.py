@@ -16,8 +16,10 @@ same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
 import shutil
+
 import keras
 import tensorflow as tf
+
 from pyimagesearch import exits
 from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.errors import Preempted, UserError, first_line

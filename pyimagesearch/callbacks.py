@@ -23,13 +23,16 @@ import datetime
 import functools
 import math
 import time
+
 import keras
 import numpy as np
 import tensorflow as tf
+
 from pyimagesearch import config, exits
 from pyimagesearch.data import figure_batch
 from pyimagesearch.errors import UserError
 from pyimagesearch.files import join
+
 
 class EpochTimer(keras.callbacks.Callback):
     """Wall time of each epoch, and of its training part alone (before validation)."""

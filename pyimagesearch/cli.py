@@ -38,7 +38,6 @@ from pyimagesearch.strategies import PRECISIONS, set_precision
 from pyimagesearch.sources import SOURCES, probe_network, resolve_data_dir, resolve_source
 
 
-
 # what a person types: ASCII digits, a sign, a point, an exponent (int() and
 # float() also take "1_0" and other scripts' digits, such as "٣")
 _INTEGER = re.compile(r"[+-]?[0-9]+")

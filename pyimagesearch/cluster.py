@@ -36,7 +36,6 @@ import tensorflow as tf
 from pyimagesearch.errors import PeerLost, UserError, first_line
 
 
-
 # --- TF_CONFIG for a pod of a Kubernetes JobSet, built from the pod's own indices -------------
 # Kubeflow's TFJob wrote TF_CONFIG into every pod; its Training Operator v1
 # (up to 1.9) is the last to ship TFJob, and Kubeflow Trainer v2 has none

@@ -51,6 +51,7 @@ def first_line(error):
                or error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is reported in one line instead of usage + error.
 

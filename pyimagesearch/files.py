@@ -196,8 +196,9 @@ def check_output_dir(path, kind="output folder"):
                         f"{first_line(error)}{hint}") from error
 
 
-
 # --- Ctrl-C and SIGTERM held back for a few steps that must not be cut in two -----------------
+
+
 @contextlib.contextmanager
 def deferred():
     """Ctrl-C and SIGTERM wait until the block ends: for a few steps that must not be cut.
@@ -223,7 +224,6 @@ def deferred():
             signal.raise_signal(sig)
 
 
-
 # --- Several files into one folder, all of them or none, whatever stops the process on the way ---
 # `StagedOutputs` is how the scripts and tools use it: files written to a
 # local scratch folder, then published together (`publish_json` for one).
@@ -241,6 +241,8 @@ def deferred():
 #   `recover` finishes the swap (marked done: the new set is whole) or undoes
 #   it (the old set comes back), and says which in one line. It also removes
 #   the temporary copies of a publish that was killed before its journal.
+
+
 _JOURNAL = re.compile(r"^\.publish-(\d+)\.json$")
 # a copy, an old file set aside, a journal half written
 _SPARE = re.compile(r"^\.(?:(?P<name>.+)\.(?P<pid>\d+)\.(?:tmp|old)|publish-(?P<writer>\d+)"

@@ -14,8 +14,10 @@ What this route cannot do yet is refused in one line before any training
 and backups are tf.train.Checkpoints of TensorFlow variables.
 """
 import keras
+
 from pyimagesearch.runtime import detect, installed_version
 from pyimagesearch.errors import UserError
+
 
 class DataParallel(keras.distribution.DataParallel):
     """Keras' DataParallel, with TPUStrategy's `num_replicas_in_sync`, which the listing reads."""

@@ -17,9 +17,12 @@ that it gives the same weights and losses as `fit`
 (tests/test_loss_scaling.py).
 """
 import time
+
 import keras
 import tensorflow as tf
+
 from pyimagesearch.loss import per_image_mse
+
 
 def execution_sizes(steps_per_epoch, steps_per_execution):
     """Steps of each call into the compiled function, adding up to the epoch."""

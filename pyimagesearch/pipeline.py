@@ -15,10 +15,11 @@ import dataclasses
 import tensorflow as tf
 
 
-
 # --- Seeded passes over a split: every iterator, and every worker, reads the same sequence ----
 # A leaf module, shared by the in-memory pipeline (`data`) and the TFRecord
 # reader (`tfrecords`).
+
+
 def seeded_passes(one_pass, seed, repeat):
     """Pass k over a split is `one_pass(k)`: every iterator sees the same passes.
 

@@ -23,13 +23,14 @@ from pyimagesearch.errors import UserError
 from pyimagesearch.runtime import hardware, runtime_suffix, this_runtime
 
 
-
 # --- What a run is asked to do (`Settings`, from the flags), and the name its outputs take ----
 # `run_name` names a run's figure, record, model, logs and backups from its
 # device and the flags that set it apart from the script's defaults
 # (`flags_apart`), so that a rerun replaces its own outputs and no other
 # run's. Inside `one_run`, `set_run` sets config.py's names to a run's values
 # in place, and the scope puts config.py's back when it ends.
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The training flags, as parsed: every field is a flag of the same name."""
@@ -187,7 +188,6 @@ def figure_path(device):
     Read when called, so an edited config.py (or a test's) takes effect.
     """
     return getattr(config, hardware(device).figure)
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -219,11 +219,12 @@ def this_runtime():
     return detect().accelerator
 
 
-
 # --- Whether a host on the internet answers, asked as a download would ask it; no TensorFlow ---
 # `pyimagesearch.datasets.sources` asks before `auto` picks tfds (its host is
 # Google's bucket); the notebook asks before it uninstalls anything for pip
 # (the package index's host).
+
+
 ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"  # what the probe can find
 
 
@@ -352,7 +353,6 @@ def without_our_hold(environ):
     return environ
 
 
-
 # --- Which Keras backend a script runs on, chosen before Keras is imported --------------------
 # Keras 3 reads KERAS_BACKEND once, at its first import. train_cpu.py,
 # train_gpu.py and the tools are TensorFlow's (tf.distribute strategies, its
@@ -371,6 +371,8 @@ def without_our_hold(environ):
 # KERAS_BACKEND=jax or tensorflow chooses; unset, a TPU machine where JAX is
 # installed and tensorflow-tpu is not takes "jax", anything else "tensorflow".
 # Nothing here imports Keras, JAX or TensorFlow.
+
+
 ENV = "KERAS_BACKEND"
 ROUTES = ("tensorflow", "jax")
 JAX_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # N CPU devices; read by jax 0.5.1 and later

@@ -26,8 +26,10 @@ import gzip
 import logging
 import os
 import zlib
+
 import numpy as np
 import tensorflow as tf
+
 from pyimagesearch import config
 from pyimagesearch.config import IMAGE_SHAPE
 from pyimagesearch.pipeline import make_pipeline

@@ -6,12 +6,15 @@ so a training run never loads it.
 """
 import datetime
 import os
+
 import numpy as np
 import tensorflow as tf
+
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.files import join, write_json
 from pyimagesearch.files import StagedOutputs, recover
 from pyimagesearch.tfrecords import COMPRESSIONS, DEFAULT_SHARDS, FORMAT, FORMAT_VERSION, METADATA_NAME, ORIGINS, file_sha256, shard_name
+
 
 def serialize(image, label):
     """One image (uint8, (h, w, c)) and its label as a serialized tf.train.Example."""
@@ -48,8 +51,6 @@ def write_shard(path, records, compression):
             writer.write(record)
     return {"file": os.path.basename(path), "records": len(records),
             "bytes": os.path.getsize(path), "sha256": file_sha256(path)}
-
-
 
 
 def _remove_stale(folder, splits, keep):

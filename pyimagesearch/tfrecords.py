@@ -25,8 +25,10 @@ import json
 import math
 import os
 import re
+
 import numpy as np
 import tensorflow as tf
+
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.files import join
 from pyimagesearch.pipeline import finish, seeded_passes
@@ -63,6 +65,7 @@ VERIFY_BATCH = 4096          # records parsed per step while verifying a shard
 def shard_name(split, index, count, compression="none"):
     """`train-00003-of-00008.tfrecord`: the file name of shard `index` of `count`."""
     return f"{split}-{index:05d}-of-{count:05d}{SUFFIXES[compression]}"
+
 
 def file_sha256(path, chunk=1 << 22):
     """The SHA-256 of a file's bytes, read through tf.io.gfile, as hex."""

@@ -11,7 +11,9 @@ import contextlib
 import os
 import re
 import threading
+
 import tensorflow as tf
+
 from pyimagesearch import tpu_runtime
 from pyimagesearch.errors import UserError, first_line
 from pyimagesearch.terminal import native_stderr_quiet

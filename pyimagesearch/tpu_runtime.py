@@ -32,6 +32,7 @@ this module decides them first (docs/tpus.md has the sources):
 """
 import os
 import sys
+
 from pyimagesearch import runtime
 from pyimagesearch.errors import UserError
 from pyimagesearch.runtime import LOAD_LIBRARY, OURS, leave_the_tpu_alone, without_our_hold  # noqa: F401

@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import train_cpu
 from conftest import earlier_outputs, one_line, output_files, outputs_name, outputs_state
+
 from pyimagesearch import outputs
 from pyimagesearch.errors import Preempted, UserError
 

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 import compare
+
 from pyimagesearch.errors import UserError
 
 

@@ -10,6 +10,7 @@ import pytest
 
 import benchmark_pipeline
 import prepare_mnist
+
 from pyimagesearch import config
 from pyimagesearch.errors import UserError
 

@@ -21,6 +21,7 @@ import pytest
 import train_cpu
 import train_gpu
 from conftest import output_files, outputs_name
+
 from pyimagesearch import cluster as cluster_module
 from pyimagesearch import workarounds
 from pyimagesearch.cluster import Cluster, read_tf_config, wait_for_peers

@@ -9,6 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train_cpu
+
 from pyimagesearch import config, data
 
 from pyimagesearch import sources

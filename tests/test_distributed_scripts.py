@@ -12,6 +12,7 @@ import tensorflow as tf
 import train_cpu
 import train_gpu
 import train_tpu
+
 from pyimagesearch import cli, config, data
 from pyimagesearch.errors import UserError
 from pyimagesearch.sources import SampleSource

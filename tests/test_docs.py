@@ -432,6 +432,7 @@ QUOTES += [
         "end": Figure(PIPE_IN, ("load_average_1min", "end"), "{:.1f}")}),
 ]
 
+
 def _flat(text):
     return re.sub(r"\s+", " ", text)
 

@@ -24,7 +24,9 @@ import pytest
 
 import launch_workers
 import matmul_benchmark
+
 from pyimagesearch import cli, exits, tpu_runtime
+
 from test_launcher import _wait_gone, reap  # noqa: F401  (reap: a fixture)
 from test_platforms import HELD_OFF, _at_tensorflow_import, _pjrt, _stand_ins
 

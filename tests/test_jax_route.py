@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, output_files, outputs_name
+
 from pyimagesearch import runtime as backend
 from pyimagesearch import tpu_runtime
 from pyimagesearch.runtime import Host

@@ -17,6 +17,7 @@ import pytest
 
 import train_cpu
 from conftest import output_files, outputs_name
+
 from pyimagesearch.cluster import read_tf_config
 from pyimagesearch.errors import UserError
 

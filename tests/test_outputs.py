@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import train_cpu
 from conftest import earlier_outputs, one_line, outputs_state
+
 from pyimagesearch import files, outputs
 from pyimagesearch.errors import Preempted, UserError
 from pyimagesearch import exits

@@ -23,6 +23,7 @@ def tensorflow_tpu_installed(monkeypatch):
     """TensorFlow's TPU route, as with tensorflow-tpu installed (JAX's: tests/test_jax_route.py)."""
     monkeypatch.setattr(backend, "tensorflow_tpu_installed", lambda: True)
 
+
 V5E, V3 = "0x0063", "0x0027"
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import train_cpu
 from conftest import output_files, outputs_name
+
 from pyimagesearch.errors import Preempted
 from pyimagesearch import exits
 

@@ -15,6 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import prepare_mnist
+
 from pyimagesearch import config, sources
 from pyimagesearch.errors import UserError
 

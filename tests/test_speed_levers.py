@@ -13,6 +13,7 @@ import tensorflow as tf
 import compare
 import train_cpu
 import train_gpu
+
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.errors import UserError
 from pyimagesearch.loop import fit_custom

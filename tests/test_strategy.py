@@ -19,6 +19,7 @@ from pyimagesearch.cluster import collective_communication
 from pyimagesearch.errors import UserError
 from pyimagesearch import terminal
 from pyimagesearch.terminal import native_stderr_quiet
+
 from test_tpu_lookup import _fake_resolver, _tpu_set_up, no_tpu_env  # noqa: F401  (no_tpu_env: a fixture)
 
 NO_GPU = ("no GPU is visible to TensorFlow; use --rehearse N to rehearse this run "
@@ -149,7 +150,6 @@ def test_gpu_strategy_puts_what_tensorflow_logged_in_the_error(capturing, monkey
         strategy.check_gpus()
     assert 'pip install "tensorflow[and-cuda]"' in str(error.value)
     assert "Cannot dlopen" not in capfd.readouterr().err  # said once, by us
-
 
 
 def _device_buffer_hook():

@@ -14,6 +14,7 @@ import benchmark_pipeline
 import prepare_mnist
 import train_cpu
 import write_tfrecords
+
 from pyimagesearch import config, data, sources, tfrecord_writer, tfrecords
 from pyimagesearch.pipeline import Reading
 from pyimagesearch.errors import UserError

@@ -10,8 +10,10 @@ import pytest
 import tensorflow as tf
 
 import train_tpu
+
 from pyimagesearch import tpu_lookup
 from pyimagesearch.errors import UserError
+
 
 @pytest.fixture
 def no_tpu_env(monkeypatch):

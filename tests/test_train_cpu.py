@@ -15,6 +15,7 @@ import pytest
 
 import train_cpu
 from conftest import earlier_outputs, output_files, outputs_name
+
 from pyimagesearch import cli, outputs
 from pyimagesearch.errors import UserError
 from pyimagesearch import files, sources
@@ -208,7 +209,6 @@ def test_a_folder_flag_on_what_is_not_a_folder_is_one_line_naming_the_flag(tmp_p
     assert not (tmp_path / "gone").exists()  # nothing made where the link points
     if blocker == "a file":
         assert path.read_text() == "kept"
-
 
 
 @pytest.mark.parametrize("source", ["sample", "auto"])

@@ -200,7 +200,6 @@ def script_environment(script=None):
     return environ
 
 
-
 def run_script(argv, repo=".", show=None):
     """`python ARGV` in `repo`, its output shown as it comes; NotebookStop with its last line.
 

@@ -12,6 +12,7 @@ import os
 import pathlib
 import re
 import tokenize
+
 from pyimagesearch.notebook import NotebookStop, ipython_display, show_markdown
 from pyimagesearch.runtime import SCRIPTS
 

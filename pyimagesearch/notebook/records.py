@@ -10,6 +10,7 @@ logs (`estimate`). Nothing here runs a script: the notebook's cells do.
 import json
 import pathlib
 import re
+
 from pyimagesearch import config, tpu_runtime
 from pyimagesearch.notebook import ipython_display, show_markdown
 
