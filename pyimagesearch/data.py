@@ -41,8 +41,9 @@ def get_data(dataName, split, batchSize, shuffleSize=None, plan=None, skip=0,
     - under MultiWorkerMirroredStrategy each worker builds its own
       replicas' slices of the same global batches.
     """
-    if plan is None and under_way():
-        plan, skip = under_way()[0], (under_way()[1] if shuffleSize else skip)
+    run = under_way() if plan is None else None
+    if run:  # the script's run: its plan, and a backup's steps for the training split
+        plan, skip = run[0], (run[1] if shuffleSize else skip)
     if plan is None:
         if isinstance(source, str):
             source = resolve_source(source, dataName, data_dir)
@@ -89,10 +90,11 @@ def figure_digits(examples, replicas=1, count=config.NUM_FIGURE_DIGITS):
     image fails.
     """
     if isinstance(examples, str):
-        if not under_way():
+        run = under_way()
+        if not run:
             raise ValueError(f"figure_digits({examples!r}) reads the split of the run under "
                              "way: configure one first, or pass (images, labels)")
-        examples = under_way()[0].source.examples(examples)
+        examples = run[0].source.examples(examples)
     images, labels = examples
     labels = np.asarray(labels)
     picks = [int(np.flatnonzero(labels == digit)[0]) for digit in np.unique(labels)[:count]]
