@@ -23,6 +23,7 @@ import functools
 import os
 import re
 
+import keras
 import tensorflow as tf
 
 from pyimagesearch import config
@@ -285,7 +286,7 @@ def plan(device, args, strategy):
     checks that every worker runs the same settings on the same data.
     """
     settings = Settings.from_args(args)
-    backend = getattr(strategy, "keras_backend", "tensorflow")
+    backend = keras.backend.backend()  # Keras' own, fixed when Keras was first imported
     if backend == "jax":
         from pyimagesearch.jax_route import refuse_levers
         refuse_levers(settings)

@@ -22,8 +22,6 @@ from pyimagesearch.errors import UserError
 class DataParallel(keras.distribution.DataParallel):
     """Keras' DataParallel, with TPUStrategy's `num_replicas_in_sync`, which the listing reads."""
 
-    keras_backend = "jax"  # what the run's plan and record read (cli.plan)
-
     @property
     def num_replicas_in_sync(self):
         """The devices the batch is split between: the article's numAcc."""
