@@ -25,8 +25,8 @@ import threading
 
 import tensorflow as tf
 
-from pyimagesearch import files
 from pyimagesearch.errors import NothingToDo, PeerLost, Preempted, UserError
+from pyimagesearch.runtime import this_process
 from pyimagesearch.terminal import end_collective_noise_filter
 
 
@@ -34,8 +34,8 @@ class _Process:
     """What the end of this process must know of its run: the module's one state.
 
     SIGTERM's flags are Events, which the preemption handler's thread polls
-    (`requested()`). The folders the run has put its outputs in are files.py's
-    `published`, which outputs.py keeps too.
+    (`requested()`). The folders the run has put its outputs in are in
+    runtime.this_process, which files.publish and outputs.py keep.
     """
 
     def __init__(self):
@@ -233,7 +233,7 @@ def at_the_very_end():
 
 def _stderr_whole():
     """Before os._exit: every line given to stderr has reached it (the cluster's filter)."""
-    end_collective_noise_filter()
+    end_collective_noise_filter(this_process)
 
 
 def write_refused(error):
@@ -268,8 +268,8 @@ def _on_disk():
     cluster = _process.cluster
     if cluster is not None and not cluster.is_chief:
         return f"{cluster.name} writes no outputs (the chief does)"
-    if files.published:  # the folders whose new outputs this run has put in place
-        return f"its new outputs were all written to {', '.join(files.published)}"
+    if this_process.published:  # the folders whose new outputs this run has put in place
+        return f"its new outputs were all written to {', '.join(this_process.published)}"
     return "earlier outputs are untouched"
 
 
@@ -337,7 +337,7 @@ def run_main(main, argv=None):
         if str(error) == STOPPED:
             error = Preempted(f"{STOPPED}; {_on_disk()}" + (
                 " (with --backup-dir the run saves its state first and resumes after)"
-                if _process.resumable and not files.published else ""))
+                if _process.resumable and not this_process.published else ""))
         prog = os.path.basename(sys.argv[0]) or "train"
         print(f"{prog}: error: {error}", file=sys.stderr)
         if isinstance(error, (PeerLost, Preempted)):
@@ -362,7 +362,7 @@ def run_main(main, argv=None):
 def _run(main, argv):
     """main(argv), with the errors that stop a run made UserErrors or raised again."""
     _process.dropped = None
-    files.published.clear()  # this run's, not an earlier one's in this interpreter
+    this_process.published.clear()  # this run's, not an earlier one's in this interpreter
     try:
         main(argv)
     except UserError:

@@ -24,6 +24,7 @@ import threading
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.runtime import this_process
 from pyimagesearch.terminal import native_stderr_quiet
 
 
@@ -249,10 +250,6 @@ _SPARE = re.compile(r"^\.(?:(?P<name>.+)\.(?P<pid>\d+)\.(?:tmp|old)|publish-(?P<
                     r"\.json\.tmp)$")
 _FAILURES = (OSError, tf.errors.OpError)  # and write_json's own UserError
 
-# folders whose new outputs this process has put in place: state of the process, read by
-# exits.py for its last line and kept by outputs.py (a worker's scratch folder leaves it)
-published = []
-
 
 def publish(folder, staged):
     """Put every `staged` file ({name: local path}) into `folder`: the new set, or the old."""
@@ -285,7 +282,7 @@ def publish(folder, staged):
             _remove(journal)
             raise UserError(f"cannot replace the outputs in {folder} "
                             f"({first_line(error)}); earlier outputs are untouched") from error
-        published.append(folder)
+        this_process.published.append(folder)  # what exits.py's last line names
         _finish(folder, moves)
         _remove(journal)
 

@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 
 # autoencoder, loss and strategies (its optimizer): registered for load_model
 from pyimagesearch import autoencoder, config, loss, strategies  # noqa: F401
-from pyimagesearch.files import StagedOutputs, join, published, scratch_folder, write_json
+from pyimagesearch.files import StagedOutputs, join, scratch_folder, write_json
 from pyimagesearch.plan import flags_apart, override
-from pyimagesearch.runtime import detect, hardware
+from pyimagesearch.runtime import detect, hardware, this_process
 
 
 def load_model(path):
@@ -75,8 +75,8 @@ class RunOutputs:
         finally:
             if self._scratch:  # a worker's copies: never outputs of the run
                 shutil.rmtree(self._scratch, ignore_errors=True)
-                if self._scratch in published:
-                    published.remove(self._scratch)
+                if self._scratch in this_process.published:
+                    this_process.published.remove(self._scratch)
         if kind is not None:
             return False
         cluster = self.plan.cluster

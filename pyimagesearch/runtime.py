@@ -320,6 +320,24 @@ LOAD_LIBRARY = "TPU_LOAD_LIBRARY"
 OURS = "PYIMAGESEARCH_TPU_LOAD_LIBRARY"  # "0": the TPU_LOAD_LIBRARY=0 beside it is this package's
 
 
+@dataclasses.dataclass
+class ProcessRecord:
+    """What this process did that a later step of it must know, with nothing in between
+    to hand it on: the module's one state (`this_process`).
+    """
+
+    tpu_runtime: str | None = None  # what tpu_runtime.prepare did, in words; None: not called
+    # the folders whose new outputs this process has put in place (files.publish): what
+    # exits.py's last line says is on disk
+    published: list = dataclasses.field(default_factory=list)
+    # the collective-noise filter's process and the real stderr, from its start
+    # (strategies.multi_worker) to the process's end (exits.py)
+    noise_filter: object = None
+
+
+this_process = ProcessRecord()
+
+
 def process(environ=None):
     """This process's set-up before TensorFlow's import (the module's docstring says what)."""
     environ = os.environ if environ is None else environ

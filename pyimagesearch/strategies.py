@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.runtime import DEVICES
+from pyimagesearch.runtime import DEVICES, this_process
 from pyimagesearch.terminal import TF_LOG_LINE, filter_collective_noise, native_stderr_quiet
 
 
@@ -194,7 +194,7 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=None):
     from pyimagesearch.workarounds import local_cpu_devices, plain_device_buffers
 
     wait_for_peers(cluster, float("inf") if startup_timeout_s is None else startup_timeout_s)
-    filter_collective_noise()  # a lost peer is one line, not TensorFlow's gRPC errors too
+    filter_collective_noise(this_process)  # a lost peer is one line, not TensorFlow's gRPC errors too
     if rehearse:
         cpu_only()
         plain_device_buffers()  # as in rehearsal()

@@ -306,19 +306,19 @@ for line in sys.stdin.buffer:
         except OSError:
             pass  # nobody reads stderr any more: keep draining the pipe
 """
-# the filter's process and the real stderr, kept from its start (strategies.multi_worker)
-# to its end (exits.py, as the process ends): nothing else holds them in between
-_noise_filter = {}
 
 
-def filter_collective_noise():
+def filter_collective_noise(record):
     """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF).
+
+    `record` (runtime.this_process) keeps the filter's process and the real
+    stderr until `end_collective_noise_filter(record)`, as the process ends.
 
     Upstream: none filed: these are TensorFlow's own error records, which
     only TF_CPP_MIN_LOG_LEVEL=3 removes, with every other C++ error (related:
     tensorflow/tensorflow#62770). Still logged by TensorFlow 2.19.1 and 2.21.0.
     """
-    if _noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
+    if record.noise_filter or os.environ.get("PYIMAGESEARCH_VERBOSE_TF") or os.name != "posix":
         return
     sys.stderr.flush()
     real = os.dup(2)
@@ -335,21 +335,21 @@ def filter_collective_noise():
         os.close(reader)
     os.dup2(writer, 2)
     os.close(writer)
-    _noise_filter.update(real=real, process=process)
+    record.noise_filter = {"real": real, "process": process}
 
 
-def end_collective_noise_filter(timeout_s=5.0):
+def end_collective_noise_filter(record, timeout_s=5.0):
     """fd 2 back to the real stderr, after the filter has passed on all it was given."""
-    if not _noise_filter:
+    noise_filter, record.noise_filter = record.noise_filter, None
+    if not noise_filter:
         return
     try:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    os.dup2(_noise_filter["real"], 2)  # the pipe's last writer closes: the filter drains, ends
-    os.close(_noise_filter["real"])
+    os.dup2(noise_filter["real"], 2)  # the pipe's last writer closes: the filter drains, ends
+    os.close(noise_filter["real"])
     try:
-        _noise_filter["process"].wait(timeout=timeout_s)
+        noise_filter["process"].wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _noise_filter["process"].kill()
-    _noise_filter.clear()
+        noise_filter["process"].kill()

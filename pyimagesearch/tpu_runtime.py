@@ -45,10 +45,6 @@ RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJR
 RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
-# what `prepare` did in this process, in words (None: not called): train_tpu.py's first
-# line prepares, and a TPU that fails to start much later reads it (likely_causes), with
-# nothing in between to hand it on
-prepared = None
 _HELD = f"; your {LOAD_LIBRARY}=0 keeps TensorFlow from loading libtpu"
 
 
@@ -116,12 +112,13 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     `environ`, `host`, `library_path`: stand-ins for tests. A KERAS_BACKEND
     neither route takes ends the process in one line, status 2.
     """
-    global prepared
     if environ is None:  # this process: its set-up before TensorFlow's import first
         runtime.process()
     try:
+        # kept for likely_causes: a TPU that fails to start, much later, reads it
         prepared = _prepare(argv, os.environ if environ is None else environ, host,
                             library_path)
+        runtime.this_process.tpu_runtime = prepared
     except UserError as error:
         print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
         raise SystemExit(error.exit_status) from None
@@ -201,18 +198,19 @@ def _one_libtpu(environ, path):
 
 def likely_causes():
     """What a user can act on when a TPU is found but TensorFlow cannot initialise it."""
+    prepared = runtime.this_process.tpu_runtime
     said, held, _ = (prepared or "").partition(_HELD)
     if prepared is None or said.startswith(("too late", "no TPU")):
-        runtime = (f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
-                   "library> set before TensorFlow is imported (train_tpu.py does it; on "
-                   f"v2-v4 {RUNTIME_ENV}=pjrt asks for it)")
+        cause = (f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
+                 "library> set before TensorFlow is imported (train_tpu.py does it; on "
+                 f"v2-v4 {RUNTIME_ENV}=pjrt asks for it)")
     elif said.startswith("libtpu is not installed"):
-        runtime = "libtpu is not installed, and this TPU needs it"
+        cause = "libtpu is not installed, and this TPU needs it"
     else:
-        runtime = f"TensorFlow's PJRT runtime, set up as {said}"
+        cause = f"TensorFlow's PJRT runtime, set up as {said}"
     if held:
-        runtime = f"{LOAD_LIBRARY}=0 in your environment, which keeps libtpu unloaded; {runtime}"
-    return (f"{runtime}; a libtpu that does not match this TensorFlow "
+        cause = f"{LOAD_LIBRARY}=0 in your environment, which keeps libtpu unloaded; {cause}"
+    return (f"{cause}; a libtpu that does not match this TensorFlow "
             "(pip install -r requirements-tpu.txt installs the pair); another process "
             "holding the chips (a second notebook, an earlier run: end it or restart the "
             "runtime)")

@@ -514,13 +514,13 @@ train_gpu.py: error: worker 1 lost a peer of its 2-worker cluster and stopped
 # run_main's os._exit path, "abort" in a crash (its filter must still pass the last words)
 FILTERED = r"""
 import os, sys
-from pyimagesearch import terminal
-terminal.filter_collective_noise()
+from pyimagesearch import runtime, terminal
+terminal.filter_collective_noise(runtime.this_process)
 os.write(2, os.environ["NOISE"].encode())
 os.write(2, os.environ["KEPT"].encode())
 if sys.argv[1] == "abort":
     os.abort()
-terminal.end_collective_noise_filter()
+terminal.end_collective_noise_filter(runtime.this_process)
 os._exit(138)
 """
 

@@ -26,6 +26,7 @@ import launch_workers
 import matmul_benchmark
 
 from pyimagesearch import cli, exits, tpu_runtime
+from pyimagesearch.runtime import this_process
 
 from test_launcher import _wait_gone, reap  # noqa: F401  (reap: a fixture)
 from test_platforms import HELD_OFF, _at_tensorflow_import, _pjrt, _stand_ins
@@ -168,12 +169,10 @@ def test_keras_backend_jax_is_set_aside_for_tensorflow_and_said_once():
 @pytest.fixture
 def sigterm_in_process(monkeypatch):
     """cli.run_main here, its os._exit a SystemExit; this process's state as it was after."""
-    from pyimagesearch import files as publish
-
     # no public way: exits keeps one state per process (run_main leaves it "over"), so each
     # test's run gets a copy of its own
     monkeypatch.setattr(exits, "_process", copy.copy(exits._process))
-    monkeypatch.setattr(publish, "published", [])
+    monkeypatch.setattr(this_process, "published", [])
     monkeypatch.setattr(sys, "argv", ["train_cpu.py"])
 
     def exit_now(status):

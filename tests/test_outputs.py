@@ -24,6 +24,7 @@ from conftest import earlier_outputs, one_line, outputs_state
 from pyimagesearch import files, outputs
 from pyimagesearch.errors import Preempted, UserError
 from pyimagesearch import exits
+from pyimagesearch.runtime import this_process
 
 TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
         "--data-source", "sample"]
@@ -247,7 +248,7 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
     out = tmp_path / "out"
     earlier_outputs(out, NAMES)
     staged = _staged(tmp_path)
-    monkeypatch.setattr(publish, "published", [])
+    monkeypatch.setattr(this_process, "published", [])
     with monkeypatch.context() as patch:
         preemption.watch(fresh=True)
         calls = _gfile_calls(patch, at, lambda: os.kill(os.getpid(), getattr(signal, sig)))
@@ -261,7 +262,7 @@ def test_a_signal_at_any_step_of_the_publish_waits_for_the_new_set(tmp_path, mon
     # a signal sent during the publish stops the run, but only once the swap is over
     assert stopped == (len(calls) >= at), (at, calls)
     assert outputs_state(out, NAMES) == "new", (at, calls)  # the swap ran to its end first
-    assert publish.published == [str(out)]
+    assert this_process.published == [str(out)]
 
 
 # Runs train_cpu.py as `python train_cpu.py ARGS` would, with one thing done to it
@@ -416,9 +417,8 @@ def test_scratch_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
      "the system refused to write /tmp/logs/cpu/train/events.out.tfevents.1 (File too large)"),
 ])
 def test_every_write_the_system_refuses_is_one_line(monkeypatch, error, line):
-    from pyimagesearch import files as publish
 
-    monkeypatch.setattr(publish, "published", [])  # no run of this process got that far
+    monkeypatch.setattr(this_process, "published", [])  # no run of this process got that far
     said = exits.write_refused(error)
     assert said is not None and str(said).startswith(line), said
     assert str(said).endswith("earlier outputs are untouched") and "\n" not in str(said)

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from pyimagesearch.runtime import this_process
 from pyimagesearch import runtime as backend
 from pyimagesearch import runtime as hosts
 from pyimagesearch import notebook
@@ -178,7 +179,7 @@ def test_libtpus_path_is_used_only_where_the_file_is(monkeypatch, tmp_path):
 
 def test_without_libtpu_nothing_is_set_and_the_failure_says_why(monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorflow")
-    monkeypatch.setattr(tpu_runtime, "prepared", None)
+    monkeypatch.setattr(this_process, "tpu_runtime", None)
     environ = {}
     tpu_runtime.prepare([], environ, V5E_HOST, lambda: None)
     assert environ == {}
@@ -187,7 +188,7 @@ def test_without_libtpu_nothing_is_set_and_the_failure_says_why(monkeypatch):
 
 def test_after_tensorflow_is_imported_nothing_is_set(monkeypatch):
     import tensorflow  # noqa: F401
-    monkeypatch.setattr(tpu_runtime, "prepared", None)
+    monkeypatch.setattr(this_process, "tpu_runtime", None)
     environ = {}
     assert tpu_runtime.prepare([], environ, V5E_HOST, lambda: "/x.so").startswith("too late")
     assert environ == {}

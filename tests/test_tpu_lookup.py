@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import train_tpu
 
+from pyimagesearch.runtime import this_process
 from pyimagesearch import tpu_lookup
 from pyimagesearch.errors import UserError
 
@@ -101,9 +102,8 @@ def test_a_tpu_in_use_is_found_but_not_initialised(monkeypatch, no_tpu_env, tmp_
 ])
 def test_a_tpu_that_cannot_be_initialised_names_the_causes_a_user_can_act_on(
         monkeypatch, no_tpu_env, tmp_path, prepared, runtime):
-    from pyimagesearch import tpu_runtime
 
-    monkeypatch.setattr(tpu_runtime, "prepared", prepared)
+    monkeypatch.setattr(this_process, "tpu_runtime", prepared)
     _fake_resolver(monkeypatch, lambda tpu: None)
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: None)
 
