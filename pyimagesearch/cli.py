@@ -143,8 +143,9 @@ FLAGS = (
     ("--epochs", bounded_int(1, MAX_EPOCHS), lambda device: written("EPOCHS"),
      "training epochs (default %(default)s)", EVERY_DEVICE, None),
     ("--batch-size", positive_int,
-     lambda device: written("TPU_BATCH_SIZE") if device == "tpu" else written("BATCH_SIZE"),
-     lambda device: ("global batch, split evenly across the TPU cores" if device == "tpu" else
+     lambda device: written(hardware(device).batch),
+     lambda device: ("global batch, split evenly across the TPU cores"
+                     if hardware(device).whole_epochs else
                      "batch per replica; the global batch is this times the replica count")
      + " (default %(default)s)", EVERY_DEVICE, None),
     ("--steps-per-epoch", bounded_int(1, MAX_STEPS_PER_EPOCH), None,
@@ -266,13 +267,11 @@ def configure(device, args, strategy):
     values back. The plan is the run's: get_data and figure_digits read it.
     """
     run = plan(device, args, strategy)
-    values = dict(SEED=args.seed, EPOCHS=args.epochs, OPTIMIZER=run.optimizer_config())
-    if device == "tpu":
-        values.update(TPU_BATCH_SIZE=run.global_batch_size,
-                      TPU_STEPS_PER_EPOCH=run.steps_per_epoch,
-                      TPU_VALIDATION_STEPS=run.validation.steps)
-    else:
-        values.update(BATCH_SIZE=args.batch_size, STEPS_PER_EPOCH=run.steps_per_epoch)
+    row = hardware(device)
+    values = {"SEED": args.seed, "EPOCHS": args.epochs, "OPTIMIZER": run.optimizer_config(),
+              row.batch: args.batch_size, row.steps: run.steps_per_epoch}
+    if row.whole_epochs:
+        values["TPU_VALIDATION_STEPS"] = run.validation.steps
     set_run(values, run)
     return run
 

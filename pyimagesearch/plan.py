@@ -128,7 +128,7 @@ def written(name):
 
 def default_settings(device):
     """train_<device>.py's defaults: the TPU's batch is the article's global 1024."""
-    return Settings(batch_size=written("TPU_BATCH_SIZE")) if device == "tpu" else Settings()
+    return Settings(batch_size=written(hardware(device).batch))
 
 
 def flags_apart(device, settings):
@@ -352,7 +352,8 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
     machine trains on ("cpu", "gpu" or "tpu"; None: read from the machine),
     for the run's name; `backend` Keras' ("jax" runs are named apart).
     """
-    if device == "tpu":
+    row = hardware(device)
+    if row.whole_epochs:
         # the article's TPU batch is global: 1024 over 8 cores is 128 per core
         global_batch = settings.batch_size
         if global_batch % replicas:
@@ -363,8 +364,8 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
         global_batch = settings.batch_size * replicas
     if settings.steps_per_epoch:
         steps = settings.steps_per_epoch
-    elif device == "tpu" and global_batch == config.TPU_BATCH_SIZE:
-        steps = config.TPU_STEPS_PER_EPOCH  # the article's 58, or the reader's value
+    elif row.whole_epochs and global_batch == getattr(config, row.batch):
+        steps = getattr(config, row.steps)  # the article's 58, or the reader's value
     else:
         steps = config.TRAIN_IMAGES // global_batch
     if steps < 1:
@@ -377,7 +378,7 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
                         f"{settings.epochs * steps} steps")
     # Keras 3's fit does not run under MultiWorkerMirroredStrategy
     loop = "custom" if cluster else settings.loop
-    if device == "tpu":  # the whole epoch per call: every call is a blocking round trip
+    if row.whole_epochs:  # the whole epoch per call: every call is a blocking round trip
         per_execution = steps
     elif loop == "custom":  # it runs a shorter last call where the epoch needs one
         per_execution = min(config.STEPS_PER_EXECUTION, steps)
@@ -389,7 +390,7 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
         runtime=runtime, backend=backend,
         rehearsal=rehearsal, replicas=replicas, global_batch_size=global_batch,
         steps_per_epoch=steps, steps_per_execution=per_execution,
-        fixed_validation=device == "tpu",
+        fixed_validation=row.whole_epochs,
         learning_rate=scaled_learning_rate(settings.learning_rate, settings.lr_scaling,
                                            global_batch),
         loop=loop,

@@ -103,6 +103,13 @@ class Hardware:
     rehearse: object    # logical CPU devices of the notebook's rehearsal; None: not rehearsed
     checks: str         # what the run checks before training
     tag: str = ""       # the run name's part for this backend ("jax": runs named apart)
+    # config's names of the batch and the steps per epoch the script's listing reads;
+    # whole_epochs: the TPU's way, a global batch (--batch-size), a whole epoch per call
+    # into the device and validation in full batches of a fixed count; else the batch
+    # is per replica and the global batch grows with the replicas
+    batch: str = "BATCH_SIZE"
+    steps: str = "STEPS_PER_EPOCH"
+    whole_epochs: bool = False
 
 
 HARDWARE = {  # the article's order: CPU, GPU, TPU; TensorFlow's route of a device first
@@ -116,11 +123,13 @@ HARDWARE = {  # the article's order: CPU, GPU, TPU; TensorFlow's route of a devi
     "tpu": Hardware("tpu", "tensorflow", "train_tpu.py",
                     "TPUClusterResolver and TPUStrategy inside tpu_errors", "TPU_IMG_PATH",
                     "requirements-tpu.txt", 8,
-                    "the TPU's runtime chosen (tpu_runtime.prepare), the TPU found (tpu_errors)"),
+                    "the TPU's runtime chosen (tpu_runtime.prepare), the TPU found (tpu_errors)",
+                    batch="TPU_BATCH_SIZE", steps="TPU_STEPS_PER_EPOCH", whole_epochs=True),
     "tpu_jax": Hardware("tpu", "jax", "train_tpu.py", "data_parallel (Keras' DataParallel)",
                         "TPU_IMG_PATH", "requirements-jax-tpu.txt", 8,
                         "the route (tpu_route), JAX's devices are TPUs (jax_route.strategy)",
-                        tag="jax"),
+                        tag="jax", batch="TPU_BATCH_SIZE", steps="TPU_STEPS_PER_EPOCH",
+                        whole_epochs=True),
 }
 DEVICES = tuple(dict.fromkeys(row.device for row in HARDWARE.values()))  # cpu, gpu, tpu
 SCRIPTS = tuple(dict.fromkeys(row.script for row in HARDWARE.values()))
