@@ -177,7 +177,7 @@ def run_device(record):
         text = f"CPU: {cpu}"
     elif record.get("rehearsal"):
         kind = "JAX CPU" if on_jax else "logical"
-        text = f"{replicas // record.get('workers', 1)} {kind} devices on CPU: {cpu}"
+        text = f"{counted(replicas // record.get('workers', 1), kind + ' device')} on CPU: {cpu}"
     elif device == "gpu":
         text = f"{found or 'GPU'} x {replicas // record.get('workers', 1)}"
     elif found and "chip" in found:  # the chips the machine has, the replicas trained on
@@ -185,8 +185,22 @@ def run_device(record):
     else:
         text = f"{found or 'TPU'}, {replicas} cores"
     if record.get("workers", 1) > 1:
-        text += f"; {record['workers']} workers"
+        text += f"; {processes(record)}"
     return text + ("; Keras on JAX" if on_jax else "")
+
+
+def processes(record):
+    """A run of several processes: '2 workers' (TensorFlow's cluster), or on JAX, a TPU
+    slice's hosts and the devices each holds: '2 hosts x 4 devices'."""
+    workers = record.get("workers", 1)
+    if record.get("backend") == "jax":
+        return f"{workers} hosts x {counted(record['replicas'] // workers, 'device')}"
+    return f"{workers} workers"
+
+
+def counted(count, what):
+    """'1 device', '4 devices'."""
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def run_runtime(record):
@@ -241,7 +255,7 @@ def run_label(name, record):
     workers = record.get("workers", 1)
     rate = record.get("learning_rate")
     scaling = record.get("learning_rate_scaling", "none")
-    lines = wrapped(name) + ([f"{workers} workers"] if workers > 1 else []) + [
+    lines = wrapped(name) + ([processes(record)] if workers > 1 else []) + [
         f"batch {record['global_batch_size']:,}", f"{record['steps_per_epoch']} steps"]
     if rate is not None:
         lines.append(f"lr {rate:.2g}" + (f" ({scaling})" if scaling != "none" else ""))

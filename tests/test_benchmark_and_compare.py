@@ -383,3 +383,24 @@ def test_tensorflows_and_jaxs_tpu_runs_stand_side_by_side(tmp_path, capsys):
         "tpu_jax": "TPU v5e, 8 chips, 8 replicas; Keras on JAX",
         "tpu_rehearsal": "8 logical devices on CPU: Intel Xeon CPU (2 CPUs)",
         "tpu_rehearsal_jax": "8 JAX CPU devices on CPU: Intel Xeon CPU (2 CPUs); Keras on JAX"}
+
+
+@pytest.mark.parametrize("workers, backend, device, label", [
+    (1, "jax", "8 JAX CPU devices on CPU: Intel Xeon CPU (2 CPUs); Keras on JAX", None),
+    (2, "jax", "4 JAX CPU devices on CPU: Intel Xeon CPU (2 CPUs); 2 hosts x 4 devices; "
+     "Keras on JAX", "2 hosts x 4 devices"),
+    (8, "jax", "1 JAX CPU device on CPU: Intel Xeon CPU (2 CPUs); 8 hosts x 1 device; "
+     "Keras on JAX", "8 hosts x 1 device"),
+    (2, "tensorflow", "4 logical devices on CPU: Intel Xeon CPU (2 CPUs); 2 workers",
+     "2 workers"),
+])
+def test_a_slices_hosts_and_devices_are_told_apart_from_a_clusters_workers(
+        workers, backend, device, label):
+    # the same 8 devices, as one host, a 2-host slice rehearsal (issue 44), 8 hosts of 1,
+    # and TensorFlow's 2-worker cluster
+    name, record = _record("tpu", (), "cpu", 8)
+    record.update(workers=workers, backend=backend)
+    assert compare.run_device(record) == device
+    lines = compare.run_label(name, record)
+    apart = [line for line in lines if "hosts" in line or "workers" in line]
+    assert apart == ([label] if label else [])
