@@ -43,11 +43,12 @@ LABEL = "jobset.sigs.k8s.io/"
 SCALE_UP_S = 900  # s; a GPU node pool that scales from zero can take this long
 
 
-def _doc_manifest(kind):
-    """The manifest of `kind` in the docs, parsed."""
-    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
-    found = [doc for doc in map(yaml.safe_load, blocks) if doc.get("kind") == kind]
-    assert len(found) == 1, f"one {kind} manifest expected in {DOC.name}"
+def _doc_manifest(kind, doc=DOC):
+    """The manifest of `kind` in the docs (`doc`), parsed."""
+    blocks = re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+    found = [manifest for manifest in map(yaml.safe_load, blocks)
+             if manifest.get("kind") == kind]
+    assert len(found) == 1, f"one {kind} manifest expected in {doc.name}"
     return found[0]
 
 
@@ -89,7 +90,9 @@ def _validator(crd_file):
     # the API server checks an object's own metadata itself; the CRD leaves it open
     schema["properties"]["metadata"] = {
         "type": "object", "required": ["name"], "additionalProperties": False,
-        "properties": {"name": {"type": "string", "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"}}}
+        "properties": {"name": {"type": "string", "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"},
+                       "annotations": {"type": "object",
+                                       "additionalProperties": {"type": "string"}}}}
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
     schema["properties"]["apiVersion"]["enum"] = [f"{crd['spec']['group']}/{version['name']}"]
     schema["properties"]["kind"]["enum"] = [crd["spec"]["names"]["kind"]]
@@ -161,7 +164,7 @@ def _tfjob_webhook_errors(manifest):
 
 
 def _container(pod_spec):
-    (container,) = [c for c in pod_spec["containers"] if c["name"] == "tensorflow"]
+    (container,) = pod_spec["containers"]  # the manifests' pods run one container each
     return container
 
 
@@ -287,11 +290,12 @@ def _job_failure(job, status, conditions=()):
     """(reason, message) of the Job that a pod failing with `status` fails, as Kubernetes'
     Job controller words it (matchPodFailurePolicy), or None if the Job goes on."""
     pod = "default/autoencoder-worker-0-1"
+    name = _container(job["template"]["spec"])["name"]
     for index, rule in enumerate(job.get("podFailurePolicy", {}).get("rules", [])):
         codes, message = rule.get("onExitCodes"), None
-        if codes and codes.get("containerName", "tensorflow") == "tensorflow" and status:
+        if codes and codes.get("containerName", name) == name and status:
             if (status in codes["values"]) == (codes["operator"] == "In"):
-                message = (f"Container tensorflow for pod {pod} failed with exit code {status} "
+                message = (f"Container {name} for pod {pod} failed with exit code {status} "
                            f"matching {rule['action']} rule at index {index}")
         for pattern in rule.get("onPodConditions", []):
             if pattern["type"] in conditions and pattern["status"] == "True" and not message:
@@ -312,6 +316,7 @@ def _jobset_outcome(manifest, status, conditions=()):
     """What the JobSet does when a pod fails so: its first rule that applies, or the
     default (RestartJobSet), as its controller's ruleIsApplicable matches them."""
     failure = _job_failure(_rjob(manifest), status, conditions)
+    rjob_name = manifest["spec"]["replicatedJobs"][0]["name"]
     if failure is None:
         return "the Job goes on"
     reason, message = failure
@@ -319,7 +324,7 @@ def _jobset_outcome(manifest, status, conditions=()):
         if (reason in rule.get("onJobFailureReasons", [reason])
                 and any(re.search(p, message) for p in rule.get("onJobFailureMessagePatterns",
                                                                 ["."]))
-                and "worker" in rule.get("targetReplicatedJobs", ["worker"])):
+                and rjob_name in rule.get("targetReplicatedJobs", [rjob_name])):
             action = rule["action"]
             break
     else:
