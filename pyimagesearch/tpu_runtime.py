@@ -44,6 +44,7 @@ TPU_LIBRARY_PATH = "TPU_LIBRARY_PATH"  # the libtpu TensorFlow's own loader open
 RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJRT on v2-v4 too
 RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
+TPU_FLAG = "--tpu"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
 # what `prepare` did in this process, in words (None: not called): train_tpu.py's first
 # line prepares, and a TPU that fails to start much later reads it (likely_causes), with
@@ -117,34 +118,53 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     neither route takes ends the process in one line, status 2.
     """
     global prepared
-    if environ is None:  # this process: its set-up before TensorFlow's import first
-        runtime.process()
     try:
-        prepared = _prepare(argv, os.environ if environ is None else environ, host,
+        host = detect() if host is None else host
+        route = runtime.tpu_route(os.environ if environ is None else environ, host)
+        # what is missing, asked before process(): its quiet import's finder answers the
+        # first lookup of tensorflow only (terminal.py), and that must be the import's
+        lacking = runtime.missing(route, host)
+        if environ is None:  # this process: its set-up before TensorFlow's import first
+            runtime.process()
+        if lacking:  # before anything imports them: one line, not a traceback
+            raise UserError(lacking)
+        prepared = _prepare(argv, os.environ if environ is None else environ, host, route,
                             library_path)
     except UserError as error:
-        print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
-        raise SystemExit(error.exit_status) from None
+        runtime.stop(error, error.exit_status)
     return prepared
 
 
-def _prepare(argv, environ, host, library_path):
-    """prepare's work; what it did, in words."""
-    host = detect() if host is None else host
-    route = runtime.tpu_route(environ, host)
+def _prepare(argv, environ, host, route, library_path):
+    """prepare's work on `route`; what it did, in words."""
     if "tensorflow" in sys.modules:
         return "too late: TensorFlow is imported already"
     if route == "jax":
-        return _jax_route(argv, environ)
+        return _jax_route(argv, environ, host)
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
+    if runtime.jax_tpu_image(host) and not runtime.tensorflow_tpu_installed():
+        raise UserError(f"{runtime.ENV}=tensorflow: "
+                        + instead_of_jax(host, f"unset {runtime.ENV} for Keras on JAX"))
     without_our_hold(environ)
     held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
     return _choose_runtime(environ, host, library_path) + held
 
 
-def _jax_route(argv, environ):
-    """Keras on JAX: N JAX CPU devices for a rehearsal; else JAX's own libtpu, unheld."""
+def _jax_route(argv, environ, host):
+    """Keras on JAX: N JAX CPU devices for a rehearsal; else JAX's own libtpu, unheld.
+
+    --tpu NAME is refused: JAX reaches only this machine's chips, found by
+    itself (jax 0.7.2: jax/_src/cloud_tpu_init.py counts the local PCI chips,
+    and jax/tools/colab_tpu.py's setup_tpu, the old way to a remote TPU, now
+    raises); "local", TensorFlow's name for this machine's TPU, is that.
+    """
+    name = flag_value(argv, TPU_FLAG)
+    if name and name != "local":
+        raise UserError(f"--tpu {name}: Keras on JAX trains on this machine's own TPU, which "
+                        "JAX finds by itself, and cannot reach one by name; leave --tpu out"
+                        + ("" if runtime.jax_tpu_image(host) else
+                           f", or run with {runtime.ENV}=tensorflow for TPUClusterResolver"))
     if rehearses(argv):
         devices = flag_value(argv, REHEARSE_FLAG)
         if devices and devices.isdigit() and int(devices) >= 1:
@@ -197,6 +217,22 @@ def _one_libtpu(environ, path):
           f"builds, and TensorFlow loads both: set {TPU_LIBRARY_PATH} to the same file",
           file=sys.stderr)
     return f"; {TPU_LIBRARY_PATH} names another libtpu ({other})"
+
+
+def instead_of_jax(host, drop="leave the flag out"):
+    """What works on `host` where Keras on JAX refuses something, in words.
+
+    Elsewhere TensorFlow's route; on Colab's and Kaggle's TPUs, `drop` or a
+    rehearsal on TensorFlow: tensorflow-tpu 2.19.1 has no build for Colab's
+    Python 3.13 and pins libtpu 0.0.10 in place of JAX's (requirements-tpu.txt).
+    """
+    if not runtime.jax_tpu_image(host):
+        return f"run with {runtime.ENV}=tensorflow"
+    place = {"colab": "Colab", "kaggle": "Kaggle"}[host.service]
+    return (f"on {place}'s TPU only Keras on JAX reaches the chips (TensorFlow's TPU route "
+            f"needs tensorflow-tpu, which would replace JAX's libtpu): {drop}, or rehearse "
+            f"on TensorFlow's route: {runtime.ENV}=tensorflow python train_tpu.py --rehearse 8")
+
 
 
 def likely_causes():
