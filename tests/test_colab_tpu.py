@@ -7,13 +7,14 @@ requirements-jax-tpu.txt. The decisions are tested with stand-in hosts and
 package lists; the scripts run in processes of their own, with a package
 hidden from them (HIDE) or, in the slow test, in that venv.
 """
+import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from conftest import one_line
 
 from pyimagesearch import jax_route, runtime, tpu_runtime
@@ -25,6 +26,11 @@ COLAB_TPU, KAGGLE_TPU = Host("colab", 0, 1, "v5e"), Host("kaggle", 0, 8, "v5e")
 CLOUD_TPU_VM, PLAIN, COLAB_GPU = Host("local", 0, 4, "v4"), Host("local", 0, 0, ""), \
     Host("colab", 1, 0, "")
 JAX_TPU = "pip install -r requirements-jax-tpu.txt"
+# the Python of the slow test's venv: Colab's is 3.13 (.ci/run passes python3.13 if it has one)
+COLAB_PYTHON = pathlib.Path(os.environ.get("PYIMAGESEARCH_COLAB_PYTHON")
+                            or "~/.pyenv/versions/3.13.0/bin/python").expanduser()
+# what Colab's TPU image ships that a run reads (pinned to its versions by its published list)
+COLAB_IMAGE = ("jax", "jaxlib", "keras", "numpy", "matplotlib", "scipy", "pandas", "scikit-learn")
 # runs SCRIPT ARGS as `python SCRIPT ARGS` would, with the packages named in argv[1] missing:
 # importlib.util.find_spec and import both fail on them, as where they are not installed
 HIDE = textwrap.dedent("""
@@ -49,7 +55,8 @@ def _without(repo, hidden, script, *args, **env):
     environ = {key: value for key, value in os.environ.items()
                if key not in ("KERAS_BACKEND", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS")}
     return subprocess.run([sys.executable, "-c", HIDE, hidden, script, *args], cwd=repo,
-                          env={**environ, **env}, capture_output=True, text=True, timeout=120)
+                          env={**environ, **env}, capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 def _tpu_root(folder, chips=8):
@@ -65,22 +72,22 @@ def _tpu_root(folder, chips=8):
 # --- a missing piece: the decision ----------------------------------------------------------
 
 @pytest.mark.parametrize("route, host, lacking, said", [
-    ("jax", COLAB_TPU, {"tensorflow"}, "tensorflow is not installed (tf.data reads the digits, "
-     f"on Keras' JAX backend too): {JAX_TPU}"),
-    ("jax", KAGGLE_TPU, {"tensorflow"}, f"(tf.data reads the digits, on Keras' JAX backend "
-     f"too): {JAX_TPU}"),
+    ("jax", COLAB_TPU, {"tensorflow"}, ("tensorflow is not installed (tf.data reads the digits, "
+     f"on Keras' JAX backend too): {JAX_TPU}")),
+    ("jax", KAGGLE_TPU, {"tensorflow"}, (f"(tf.data reads the digits, on Keras' JAX backend "
+     f"too): {JAX_TPU}")),
     ("tensorflow", COLAB_TPU, {"tensorflow"}, f"tensorflow is not installed: {JAX_TPU}"),
-    ("tensorflow", CLOUD_TPU_VM, {"tensorflow"}, "not installed: pip install -r "
-     "requirements-tpu.txt"),
+    ("tensorflow", CLOUD_TPU_VM, {"tensorflow"}, ("not installed: pip install -r "
+     "requirements-tpu.txt")),
     ("jax", CLOUD_TPU_VM, {"tensorflow"}, f"{JAX_TPU}"),
-    ("tensorflow", PLAIN, {"tensorflow", "keras"}, "tensorflow and keras are not installed: "
-     "pip install -r requirements.txt"),
+    ("tensorflow", PLAIN, {"tensorflow", "keras"}, ("tensorflow and keras are not installed: "
+     "pip install -r requirements.txt")),
     ("tensorflow", COLAB_GPU, {"tensorflow"}, "pip install -r requirements.txt"),
     ("jax", PLAIN, {"jax"}, "jax is not installed: pip install jax"),
     ("jax", COLAB_TPU, {"jax"}, 'jax is not installed: pip install "jax[tpu]"'),
-    ("jax", PLAIN, {"tensorflow", "jax"}, "tensorflow and jax are not installed (tf.data "
+    ("jax", PLAIN, {"tensorflow", "jax"}, ("tensorflow and jax are not installed (tf.data "
      "reads the digits, on Keras' JAX backend too): pip install -r requirements.txt and "
-     "pip install jax"),
+     "pip install jax")),
 ])
 def test_a_missing_piece_is_named_with_the_install_for_this_runtime(route, host, lacking, said):
     line = runtime.missing(route, host, lambda module: module not in lacking)
@@ -130,8 +137,8 @@ def test_without_jax_the_jax_route_says_one_line(repo):
     ({"tensorflow-cpu": "2.20.0"}, "tensorflow-cpu 2.20.0"),
     ({"tensorflow-tpu": "2.19.1"}, "tensorflow-tpu 2.19.1"),
     ({"tensorflow": "2.21.0"}, "tensorflow 2.21.0"),
-    ({"tensorflow": "2.18.0", "tensorflow-cpu": "2.20.0"}, "tensorflow 2.18.0, tensorflow-cpu "
-     "2.20.0"),
+    ({"tensorflow": "2.18.0", "tensorflow-cpu": "2.20.0"}, ("tensorflow 2.18.0, tensorflow-cpu "
+     "2.20.0")),
     ({}, "tensorflow not installed"),
 ])
 def test_the_version_line_names_the_tensorflow_build_installed(installed, said):
@@ -254,3 +261,62 @@ def test_the_scripts_refuse_the_readers_devices_and_tpu_name_in_one_line(repo):
         "train_tpu.py: error: --tpu my-tpu: Keras on JAX trains on this machine's own TPU, "
         "which JAX finds by itself, and cannot reach one by name; leave --tpu out, or run with "
         "KERAS_BACKEND=tensorflow for TPUClusterResolver")
+
+
+# --- Colab's TPU versions in a venv, before and after the notebook's install (slow) -----------
+
+def _run(command, cwd=None, **env):
+    """`command` in `cwd` with this environment and `env`; its result (its output kept)."""
+    environ = {key: value for key, value in os.environ.items()
+               if key not in ("KERAS_BACKEND", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS",
+                              "PYTHONPATH")}
+    return subprocess.run([str(part) for part in command], cwd=cwd, env={**environ, **env},
+                          capture_output=True, text=True, timeout=1200, check=False)
+
+
+def _pip(python, *args):
+    """pip in the venv of `python`, its packages pinned to Colab's TPU image's; asserted to work."""
+    done = _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_colabs_tpu_versions_say_one_line_before_the_install_and_train_after_it(repo, tmp_path):
+    if not COLAB_PYTHON.is_file():
+        pytest.skip(f"no Python for Colab's TPU versions at {COLAB_PYTHON} (Colab's is 3.13; "
+                    "set PYIMAGESEARCH_COLAB_PYTHON)")
+    # Colab's TPU image as googlecolab/backend-info publishes it, as pip constraints: the
+    # packages it ships (no TensorFlow) at its versions: jax 0.7.2, Keras 3.13.2, ...
+    published = (repo / "tests/data/runtimes/colab_tpu.txt").read_text().splitlines()
+    constraints = tmp_path / "colab_tpu.txt"
+    constraints.write_text("\n".join(line for line in published
+                                     if "==" in line and "@" not in line) + "\n")
+    assert _run([COLAB_PYTHON, "-m", "venv", tmp_path / "venv"]).returncode == 0
+    python = tmp_path / "venv/bin/python"
+    _pip(python, "-c", constraints, *COLAB_IMAGE)
+    versions = ("import importlib.metadata as m, importlib.util as u; print(m.version('jax'), "
+                "m.version('keras'), u.find_spec('tensorflow'))")
+    assert _run([python, "-c", versions]).stdout.split() == ["0.7.2", "3.13.2", "None"]
+    # before the install: one line, status 2, with and without KERAS_BACKEND; on this
+    # machine (no TPU) requirements.txt, on a stand-in Kaggle TPU requirements-jax-tpu.txt
+    kaggle_tpu = {"KAGGLE_KERNEL_RUN_TYPE": "Batch",
+                  "PYIMAGESEARCH_HOST_ROOT": _tpu_root(tmp_path / "root")}
+    for env, said in (({}, "tensorflow is not installed: pip install -r requirements.txt"),
+                      ({"KERAS_BACKEND": "jax"}, ("tensorflow is not installed (tf.data reads "
+                       "the digits, on Keras' JAX backend too): pip install -r "
+                       "requirements.txt")),
+                      (kaggle_tpu, (f"(tf.data reads the digits, on Keras' JAX backend too): "
+                       f"{JAX_TPU}"))):
+        done = _run([python, repo / "train_tpu.py", "--rehearse", "8"], **env)
+        assert one_line(done).endswith(said) and "Traceback" not in done.stderr
+    # the notebook's install on a JAX TPU image, then the JAX rehearsal trains
+    _pip(python, "-c", constraints, "-r", repo / "requirements-jax-tpu.txt")
+    outputs = tmp_path / "outputs"
+    done = _run([python, "train_tpu.py", "--rehearse", "8", "--epochs", "1", "--steps-per-epoch",
+                 "2", "--data-source", "sample", "--output-dir", outputs], repo,
+                KERAS_BACKEND="jax")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = [json.loads(path.read_text()) for path in outputs.glob("*.json")]
+    assert (record["backend"], record["replicas"]) == ("jax", 8)
+    assert (record["jax_version"], record["keras_version"]) == ("0.7.2", "3.13.2")
+    assert record["tensorflow_build"] == "tensorflow-cpu 2.20.0"
