@@ -29,6 +29,12 @@ this module decides them first (docs/tpus.md has the sources):
   them;
 - a rehearsal (`--rehearse`), a host without TPU, or a v2-v4 TPU: nothing
   is set.
+
+Before any of that, one line and status 2 (never a traceback) for what the
+chosen route lacks (runtime.missing), and, on Colab's and Kaggle's JAX TPU
+images, for what only works elsewhere: TensorFlow's TPU run, `--tpu NAME` on
+JAX, a JAX_NUM_CPU_DEVICES of the reader's own that `--rehearse N` cannot
+use. Each line says what works there instead (`instead_of_jax`).
 """
 import os
 import sys
@@ -143,9 +149,11 @@ def _prepare(argv, environ, host, route, library_path):
         return _jax_route(argv, environ, host)
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
+    # TensorFlow's TPU run (train_tpu.py's, or tools/matmul_benchmark.py --device tpu) on a
+    # JAX image: tensorflow-cpu has no TPU runtime, so no TPU would be found
     if runtime.jax_tpu_image(host) and not runtime.tensorflow_tpu_installed():
-        raise UserError(f"{runtime.ENV}=tensorflow: "
-                        + instead_of_jax(host, f"unset {runtime.ENV} for Keras on JAX"))
+        raise UserError(f"{runtime.ENV}=tensorflow: " + instead_of_jax(
+            host, f"train_tpu.py without {runtime.ENV} takes Keras on JAX", "add --rehearse 8"))
     without_our_hold(environ)
     held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
     return _choose_runtime(environ, host, library_path) + held
@@ -219,7 +227,8 @@ def _one_libtpu(environ, path):
     return f"; {TPU_LIBRARY_PATH} names another libtpu ({other})"
 
 
-def instead_of_jax(host, drop="leave the flag out"):
+def instead_of_jax(host, drop="leave the flag out",
+                   rehearse=f"{runtime.ENV}=tensorflow python train_tpu.py --rehearse 8"):
     """What works on `host` where Keras on JAX refuses something, in words.
 
     Elsewhere TensorFlow's route; on Colab's and Kaggle's TPUs, `drop` or a
@@ -231,7 +240,7 @@ def instead_of_jax(host, drop="leave the flag out"):
     place = {"colab": "Colab", "kaggle": "Kaggle"}[host.service]
     return (f"on {place}'s TPU only Keras on JAX reaches the chips (TensorFlow's TPU route "
             f"needs tensorflow-tpu, which would replace JAX's libtpu): {drop}, or rehearse "
-            f"on TensorFlow's route: {runtime.ENV}=tensorflow python train_tpu.py --rehearse 8")
+            f"on TensorFlow's route: {rehearse}")
 
 
 

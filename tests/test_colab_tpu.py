@@ -191,9 +191,8 @@ def test_the_tensorflow_route_refusal_says_what_works(capsys, monkeypatch):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("error: KERAS_BACKEND=tensorflow: on Colab's TPU only Keras on JAX "
                          "reaches the chips (TensorFlow's TPU route needs tensorflow-tpu, which "
-                         "would replace JAX's libtpu): unset KERAS_BACKEND for Keras on JAX, or "
-                         "rehearse on TensorFlow's route: KERAS_BACKEND=tensorflow python "
-                         "train_tpu.py --rehearse 8")
+                         "would replace JAX's libtpu): train_tpu.py without KERAS_BACKEND takes "
+                         "Keras on JAX, or rehearse on TensorFlow's route: add --rehearse 8")
 
 
 def test_a_backend_neither_route_takes_points_to_jax_alone_on_a_jax_tpu_image():
