@@ -11,11 +11,14 @@ the gradient is already the mean over all of them: the article's
 
 What this route cannot do yet is refused in one line before any training
 (`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
-and backups are tf.train.Checkpoints of TensorFlow variables.
+and backups are tf.train.Checkpoints of TensorFlow variables. The line
+says what works where it is read (tpu_runtime.instead_of_jax): on Colab's
+and Kaggle's TPUs, not TensorFlow's TPU route.
 """
 import keras
 
-from pyimagesearch.runtime import detect, installed_version
+from pyimagesearch.runtime import detect, installed_version, tensorflow_builds
+from pyimagesearch.tpu_runtime import instead_of_jax
 from pyimagesearch.errors import UserError
 
 
@@ -57,8 +60,8 @@ def found(jax_devices):
 
     kinds = sorted({device.split(":")[0] for device in jax_devices}) or ["none"]
     tf_devices = sorted({device.device_type for device in tf.config.list_physical_devices()})
-    versions = ", ".join(f"{name} {_version(name)}"
-                         for name in ("jax", "jaxlib", "libtpu", "tensorflow", "keras"))
+    versions = ", ".join([f"{name} {_version(name)}" for name in ("jax", "jaxlib", "libtpu")]
+                         + [tensorflow_builds(), f"keras {_version('keras')}"])
     return (f"{detect().describe()}; JAX sees {len(jax_devices)} {'/'.join(kinds)} device(s), "
             f"TensorFlow {'/'.join(tf_devices) or 'none'}; {versions}")
 
@@ -68,8 +71,9 @@ def _version(package):
     return installed_version(package) or "not installed"
 
 
-def refuse_levers(settings):
-    """What Keras on JAX cannot do here yet: one line, before any training."""
+def refuse_levers(settings, host=None):
+    """What Keras on JAX cannot do here yet: one line, before any training, with what works
+    on `host` (None: this machine) instead."""
     refused = [flag for flag, asked in (
         ("--loop custom", settings.loop == "custom"),
         ("--backup-dir", settings.backup_dir),
@@ -80,10 +84,11 @@ def refuse_levers(settings):
         raise UserError(
             f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, backups, "
             "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
-            "every step with XLA anyway); run with KERAS_BACKEND=tensorflow")
+            f"every step with XLA anyway); {instead_of_jax(host or detect())}")
 
 
 def versions():
     """The JAX versions a run record names."""
     return {"jax_version": _version("jax"), "jaxlib_version": _version("jaxlib"),
-            "libtpu_version": _version("libtpu")}
+            "libtpu_version": _version("libtpu"),
+            "tensorflow_build": tensorflow_builds()}  # 'tensorflow-cpu 2.20.0': which one

@@ -41,7 +41,7 @@ import urllib.parse
 import urllib.request
 
 from pyimagesearch.errors import UserError
-from pyimagesearch.terminal import (VERBOSE_ENV, open_closed_standard_streams,
+from pyimagesearch.terminal import (TENSORFLOW_BUILDS, VERBOSE_ENV, open_closed_standard_streams,
                                     quiet_tensorflow_import)
 
 
@@ -211,6 +211,12 @@ def installed_version(package):
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def tensorflow_builds(version_of=installed_version):
+    """'tensorflow-cpu 2.20.0': each TensorFlow build installed; 'tensorflow not installed'."""
+    return ", ".join(f"{name} {version_of(name)}" for name in TENSORFLOW_BUILDS
+                     if version_of(name)) or "tensorflow not installed"
 
 
 def runtime_suffix(on_cpu, runtime=None):
@@ -411,7 +417,10 @@ def tensorflow(environ=None):
     line if another backend was asked for: the first call of every script and tool but
     train_tpu.py. `environ`: a stand-in for tests, which then gets the variable only."""
     if environ is None:
+        lacking = missing("tensorflow")  # asked first: process()'s quiet import answers once
         process()
+        if lacking:  # before any import of them: one line, not a traceback
+            stop(lacking)
     environ = os.environ if environ is None else environ
     asked = environ.get(ENV, "tensorflow")
     if asked != "tensorflow":
@@ -449,7 +458,7 @@ def tpu_route(environ, host, jax_installed=None, tf_tpu_installed=None):
             else "tensorflow"
     if asked not in ROUTES:
         raise UserError(f"train_tpu.py runs Keras on TensorFlow or on JAX, not {ENV}={asked}; "
-                        f"set {ENV}=jax or {ENV}=tensorflow")
+                        f"set {ENV}=jax" + ("" if jax_tpu_image(host) else f" or {ENV}=tensorflow"))
     if asked == "jax" or ENV in environ:  # unset, Keras' own default is TensorFlow
         environ[ENV] = asked
     _check_keras_not_loaded(asked, environ)
@@ -457,9 +466,54 @@ def tpu_route(environ, host, jax_installed=None, tf_tpu_installed=None):
 
 
 def rehearse_on_jax(environ, devices):
-    """N JAX CPU devices for a rehearsal, set before JAX starts: JAX_NUM_CPU_DEVICES."""
+    """N JAX CPU devices for a rehearsal, set before JAX starts: JAX_NUM_CPU_DEVICES. The
+    reader's own stays if it gives at least N (jax_route.strategy takes the first N); fewer,
+    or not a count (jax 0.7.2's config.int_state fails on it at import), is refused."""
+    own = environ.get(JAX_DEVICES_ENV)
+    if own is not None and not (own.strip().isdigit() and int(own) >= devices):
+        raise UserError(f"{JAX_DEVICES_ENV}={own} in your environment and --rehearse {devices} "
+                        f"disagree: unset {JAX_DEVICES_ENV}, or set it to {devices}")
     environ[JAX_PLATFORMS_ENV] = "cpu"
-    environ[JAX_DEVICES_ENV] = str(devices)
+    environ.setdefault(JAX_DEVICES_ENV, str(devices))
+
+
+# --- What a run lacks; where Keras on JAX is the TPU's only route ------------------------------
+# Colab's and Kaggle's TPU images are JAX's (jax[tpu], its libtpu; no tensorflow-tpu)
+JAX_TPU_SERVICES = ("colab", "kaggle")
+
+
+def jax_tpu_image(host):
+    """True on a Colab or Kaggle TPU: Keras on JAX is the route that reaches its chips."""
+    return bool(host.tpu_chips) and host.service in JAX_TPU_SERVICES
+
+
+def requirements_file(host, route="tensorflow"):
+    """The requirements file that brings what a run on `host` by `route` needs (HARDWARE's)."""
+    backend = "jax" if jax_tpu_image(host) or (route == "jax" and host.tpu_chips) else "tensorflow"
+    return hardware(host.accelerator, backend).requirements
+
+
+def missing(route, host=None, found=installed):
+    """One line: what a run by `route` lacks (found by find_spec, not imported) and the
+    install that brings it on `host` (None: this machine); '' if nothing is missing."""
+    lacking = [name for name in ("tensorflow", "keras") + (("jax",) if route == "jax" else ())
+               if not found(name)]
+    if not lacking:
+        return ""
+    host = detect() if host is None else host
+    installs = [f"pip install -r {requirements_file(host, route)}"] if lacking != ["jax"] else []
+    if "jax" in lacking:  # no requirements file but -dev's names it
+        installs.append('pip install "jax[tpu]"' if host.tpu_chips else "pip install jax")
+    why = " (tf.data reads the digits, on Keras' JAX backend too)" if (
+        route == "jax" and "tensorflow" in lacking) else ""
+    return (f"{' and '.join(lacking)} {'is' if len(lacking) == 1 else 'are'} not installed"
+            f"{why}: {' and '.join(installs)}")
+
+
+def stop(message, status=2):
+    """End this process as the scripts end a user's error: one line on stderr, `status`."""
+    print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {message}", file=sys.stderr)
+    raise SystemExit(status)
 
 
 def _check_keras_not_loaded(backend, environ):

@@ -29,6 +29,12 @@ this module decides them first (docs/tpus.md has the sources):
   them;
 - a rehearsal (`--rehearse`), a host without TPU, or a v2-v4 TPU: nothing
   is set.
+
+Before any of that, one line and status 2 (never a traceback) for what the
+chosen route lacks (runtime.missing), and, on Colab's and Kaggle's JAX TPU
+images, for what only works elsewhere: TensorFlow's TPU run, `--tpu NAME` on
+JAX, a JAX_NUM_CPU_DEVICES of the reader's own that `--rehearse N` cannot
+use. Each line says what works there instead (`instead_of_jax`).
 """
 import os
 import sys
@@ -44,6 +50,7 @@ TPU_LIBRARY_PATH = "TPU_LIBRARY_PATH"  # the libtpu TensorFlow's own loader open
 RUNTIME_ENV = "PYIMAGESEARCH_TPU_RUNTIME"  # "auto" (the default) or "pjrt": PJRT on v2-v4 too
 RUNTIMES = ("auto", "pjrt")
 REHEARSE_FLAG = "--rehearse"
+TPU_FLAG = "--tpu"
 SYSTEM_LIBTPU = "/lib/libtpu.so"  # where Cloud TPU VM images put it
 _HELD = f"; your {LOAD_LIBRARY}=0 keeps TensorFlow from loading libtpu"
 
@@ -112,36 +119,56 @@ def prepare(argv, environ=None, host=None, library_path=libtpu_path):
     `environ`, `host`, `library_path`: stand-ins for tests. A KERAS_BACKEND
     neither route takes ends the process in one line, status 2.
     """
-    if environ is None:  # this process: its set-up before TensorFlow's import first
-        runtime.process()
     try:
-        # kept for likely_causes: a TPU that fails to start, much later, reads it
-        prepared = _prepare(argv, os.environ if environ is None else environ, host,
+        host = detect() if host is None else host
+        route = runtime.tpu_route(os.environ if environ is None else environ, host)
+        # what is missing, asked before process(): its quiet import's finder answers the
+        # first lookup of tensorflow only (terminal.py), and that must be the import's
+        lacking = runtime.missing(route, host)
+        if environ is None:  # this process: its set-up before TensorFlow's import first
+            runtime.process()
+        if lacking:  # before anything imports them: one line, not a traceback
+            raise UserError(lacking)
+        prepared = _prepare(argv, os.environ if environ is None else environ, host, route,
                             library_path)
         runtime.this_process.tpu_runtime = prepared
     except UserError as error:
-        print(f"{os.path.basename(sys.argv[0]) or 'python'}: error: {error}", file=sys.stderr)
-        raise SystemExit(error.exit_status) from None
+        runtime.stop(error, error.exit_status)
     return prepared
 
 
-def _prepare(argv, environ, host, library_path):
-    """prepare's work; what it did, in words."""
-    host = detect() if host is None else host
-    route = runtime.tpu_route(environ, host)
+def _prepare(argv, environ, host, route, library_path):
+    """prepare's work on `route`; what it did, in words."""
     if "tensorflow" in sys.modules:
         return "too late: TensorFlow is imported already"
     if route == "jax":
-        return _jax_route(argv, environ)
+        return _jax_route(argv, environ, host)
     if rehearses(argv):
         return "a rehearsal: no TPU runtime"
+    # TensorFlow's TPU run (train_tpu.py's, or tools/matmul_benchmark.py --device tpu) on a
+    # JAX image: tensorflow-cpu has no TPU runtime, so no TPU would be found
+    if runtime.jax_tpu_image(host) and not runtime.tensorflow_tpu_installed():
+        raise UserError(f"{runtime.ENV}=tensorflow: " + instead_of_jax(
+            host, f"train_tpu.py without {runtime.ENV} takes Keras on JAX", "add --rehearse 8"))
     without_our_hold(environ)
     held = _HELD if environ.get(LOAD_LIBRARY) == "0" else ""  # the user's own: it stays
     return _choose_runtime(environ, host, library_path) + held
 
 
-def _jax_route(argv, environ):
-    """Keras on JAX: N JAX CPU devices for a rehearsal; else JAX's own libtpu, unheld."""
+def _jax_route(argv, environ, host):
+    """Keras on JAX: N JAX CPU devices for a rehearsal; else JAX's own libtpu, unheld.
+
+    --tpu NAME is refused: JAX reaches only this machine's chips, found by
+    itself (jax 0.7.2: jax/_src/cloud_tpu_init.py counts the local PCI chips,
+    and jax/tools/colab_tpu.py's setup_tpu, the old way to a remote TPU, now
+    raises); "local", TensorFlow's name for this machine's TPU, is that.
+    """
+    name = flag_value(argv, TPU_FLAG)
+    if name and name != "local":
+        raise UserError(f"--tpu {name}: Keras on JAX trains on this machine's own TPU, which "
+                        "JAX finds by itself, and cannot reach one by name; leave --tpu out"
+                        + ("" if runtime.jax_tpu_image(host) else
+                           f", or run with {runtime.ENV}=tensorflow for TPUClusterResolver"))
     if rehearses(argv):
         devices = flag_value(argv, REHEARSE_FLAG)
         if devices and devices.isdigit() and int(devices) >= 1:
@@ -194,6 +221,23 @@ def _one_libtpu(environ, path):
           f"builds, and TensorFlow loads both: set {TPU_LIBRARY_PATH} to the same file",
           file=sys.stderr)
     return f"; {TPU_LIBRARY_PATH} names another libtpu ({other})"
+
+
+def instead_of_jax(host, drop="leave the flag out",
+                   rehearse=f"{runtime.ENV}=tensorflow python train_tpu.py --rehearse 8"):
+    """What works on `host` where Keras on JAX refuses something, in words.
+
+    Elsewhere TensorFlow's route; on Colab's and Kaggle's TPUs, `drop` or a
+    rehearsal on TensorFlow: tensorflow-tpu 2.19.1 has no build for Colab's
+    Python 3.13 and pins libtpu 0.0.10 in place of JAX's (requirements-tpu.txt).
+    """
+    if not runtime.jax_tpu_image(host):
+        return f"run with {runtime.ENV}=tensorflow"
+    place = {"colab": "Colab", "kaggle": "Kaggle"}[host.service]
+    return (f"on {place}'s TPU only Keras on JAX reaches the chips (TensorFlow's TPU route "
+            f"needs tensorflow-tpu, which would replace JAX's libtpu): {drop}, or rehearse "
+            f"on TensorFlow's route: {rehearse}")
+
 
 
 def likely_causes():

@@ -225,9 +225,15 @@ def _stand_ins(tmp_path, tpu=V5E):
     (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
         import os, sys
 
+        def importing():  # an import, not a presence check (importlib.util.find_spec)
+            frame = sys._getframe(2)
+            while frame and frame.f_code.co_name != "_find_and_load":
+                frame = frame.f_back
+            return frame is not None
+
         class Record:
             def find_spec(self, name, path=None, target=None):
-                if name == "tensorflow":
+                if name == "tensorflow" and importing():
                     with open({str(record)!r}, "w") as handle:
                         for key in {RECORDED!r}:
                             handle.write(f"{{key}}={{os.environ.get(key)}}\\n")
