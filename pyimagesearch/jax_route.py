@@ -10,8 +10,8 @@ the gradient is already the mean over all of them: the article's
 `scale=N` (loss.py).
 
 What this route cannot do yet is refused in one line before any training
-(`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
-and backups are tf.train.Checkpoints of TensorFlow variables.
+(`refuse_levers`): the custom loop and --profile-steps are TensorFlow's.
+Backups (--backup-dir) are Keras' own weights files here (backup.KerasBackup).
 """
 import keras
 
@@ -72,13 +72,12 @@ def refuse_levers(settings):
     """What Keras on JAX cannot do here yet: one line, before any training."""
     refused = [flag for flag, asked in (
         ("--loop custom", settings.loop == "custom"),
-        ("--backup-dir", settings.backup_dir),
         ("--profile-steps", settings.profile_steps),
         ("--precision mixed_float16", settings.precision == "mixed_float16"),
         ("--jit-compile", settings.jit_compile)) if asked]
     if refused:
         raise UserError(
-            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, backups, "
+            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, "
             "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
             "every step with XLA anyway); run with KERAS_BACKEND=tensorflow")
 
