@@ -1,4 +1,4 @@
-"""--backup-dir: survive a crash, in both training loops, with one checkpoint format.
+"""--backup-dir: survive a crash, in both training loops, on TensorFlow and on JAX.
 
 The backup folder (local or gs://...) holds:
 
@@ -9,12 +9,21 @@ The backup folder (local or gs://...) holds:
     run.json       what run the backup belongs to, so another run's is refused
 
 `Backup` is one Keras callback that `fit` and the custom loop both drive.
+On Keras' JAX backend (train_tpu.py's route on Colab's and Kaggle's TPUs)
+`KerasBackup` keeps history.json and run.json alike, and in place of
+checkpoints/ Keras' own weights file, since a tf.train.Checkpoint holds
+TensorFlow variables only:
+
+    checkpoint-N.weights.h5   model.save_weights: the model's and its
+                              optimizer's variables after N global steps
+    checkpoint.json           the steps trained and the file that holds them
 Keras' own BackupAndRestore is not used because its .weights.h5 files carry
 no checkpoint object that TensorFlow's multi-worker and TPU tooling can
 share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
 import math
+import os
 import shutil
 
 import keras
@@ -22,6 +31,7 @@ import tensorflow as tf
 
 from pyimagesearch import exits
 from pyimagesearch.cluster import check_workers_agree
+from pyimagesearch.config import IMAGE_SHAPE
 from pyimagesearch.errors import Preempted, UserError, first_line
 from pyimagesearch.files import LOCK, join, read_json, scratch_folder, take_lock, write_json
 from pyimagesearch.plan import default_settings, run_name
@@ -32,6 +42,8 @@ RUN = "run.json"           # the configuration the backup belongs to
 CHECKPOINTS = "checkpoints"
 MODEL = "AutoEncoder"  # the one model the scripts train (pyimagesearch.autoencoder)
 KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held until 2026-12
+CHECKPOINT = "checkpoint.json"  # on JAX: the steps trained and the weights file holding them
+WEIGHTS = "checkpoint-{step}.weights.h5"  # on JAX: model.save_weights after `step` steps
 
 
 def identity(plan):
@@ -42,7 +54,8 @@ def identity(plan):
     not among them, so a backup can be resumed to train on for more epochs.
     """
     settings, source = plan.settings, plan.source
-    run = run_name(plan.device, default_settings(plan.device), plan.rehearsal, plan.runtime)
+    run = run_name(plan.device, default_settings(plan.device), plan.rehearsal, plan.runtime,
+                   plan.backend)  # "..._jax" on JAX: the other backend's backup is refused
     return {"run": run, "model": MODEL,
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
@@ -181,7 +194,18 @@ class Backup(keras.callbacks.Callback):
                          f"({first_line(error)}); delete the backup folder to start fresh")
 
     def on_train_begin(self, logs=None):
-        """Load the checkpoint `resume` found, if any, into the model and its optimizer."""
+        """Load the checkpoint `resume` found, if any; from here SIGTERM saves and stops."""
+        self._open()
+        self._since = 0
+        # in a cluster, SIGTERM on any worker stops every worker at one step
+        self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
+        self._handler = self._handler_scratch and exits.cluster_handler(
+            tf.distribute.get_strategy(), self._handler_scratch, self._save,
+            self._stop_cluster_preempted, acts=self.handler_acts)
+        exits.saving(True)
+
+    def _open(self):
+        """The checkpoint manager; the checkpoint `resume` found, loaded into the model."""
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
                                          step=self._step)
@@ -198,13 +222,6 @@ class Backup(keras.callbacks.Callback):
             # once: a second call to fit (after a part-trained epoch) goes on
             # from the weights in memory
             self._latest = None
-        self._since = 0
-        # in a cluster, SIGTERM on any worker stops every worker at one step
-        self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
-        self._handler = self._handler_scratch and exits.cluster_handler(
-            tf.distribute.get_strategy(), self._handler_scratch, self._save,
-            self._stop_cluster_preempted, acts=self.handler_acts)
-        exits.saving(True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._done = 0  # steps of this call to fit (or this epoch) so far
@@ -290,10 +307,7 @@ class Backup(keras.callbacks.Callback):
             step, _ = saved_checkpoint(self.folder)
         except (ValueError, IndexError, tf.errors.OpError):
             return "the backup there cannot be read back"
-        if not step:
-            return "it holds no backup yet"
-        return (f"it holds the backup of {step:,} steps, which the same command resumes "
-                "from (once there is room)")
+        return _kept_line(step)
 
     def on_train_end(self, logs=None):
         self._close()
@@ -311,6 +325,134 @@ class Backup(keras.callbacks.Callback):
         """The run's outputs are written: the backup is no longer needed."""
         if self.is_chief and tf.io.gfile.exists(self.folder):
             tf.io.gfile.rmtree(self.folder)
+
+
+def saved_weights(folder):
+    """(global steps, path) of the weights file a JAX backup `folder` holds; (0, None) without.
+
+    Raises a UserError for a checkpoint.json that cannot be read, and
+    ValueError where it names no file, or one that is not there.
+    """
+    saved = read_json(join(folder, CHECKPOINT), advice="delete the backup folder to start fresh")
+    if saved is None:
+        return 0, None
+    step, name = (saved.get("step"), saved.get("weights")) if isinstance(saved, dict) else (0, 0)
+    if not (isinstance(step, int) and step >= 0 and isinstance(name, str)
+            and name == WEIGHTS.format(step=step)):
+        raise ValueError(f"{join(folder, CHECKPOINT)} does not name a checkpoint")
+    path = join(folder, name)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"{path}, which {CHECKPOINT} names, is missing")
+    return step, path
+
+
+class KerasBackup(Backup):
+    """The backup on Keras' JAX backend: Keras' own weights file, named by a small JSON file.
+
+    A tf.train.Checkpoint tracks TensorFlow variables only; on JAX the
+    model's are jax.Arrays. `model.save_weights` writes the variables of the
+    model and of its optimizer (its step count, Adam's moments) into one
+    .weights.h5 file, the same format on every backend (Keras 3.15,
+    keras/src/saving/saving_lib.py: `save_weights_only` calls `_save_state`,
+    which walks every KerasSaveable attribute of the model, `optimizer`
+    among them). As tf.train.CheckpointManager does, each save is a new file
+    and only then does checkpoint.json, replaced by one rename
+    (files.write_json), name it: a run killed while it saves leaves the last
+    good pair.
+
+    Keras' BackupAndRestore is not used (keras/src/callbacks/
+    backup_and_restore.py, 3.15.1): it writes latest.weights.h5 over the
+    last one and training_metadata.json after it, so a kill in between
+    leaves new weights with the old epoch; it resumes at the start of an
+    epoch (the batch it records is never read); and it deletes its folder
+    when fit returns, before the run's outputs are written.
+
+    Keras on JAX runs a TPU's whole epoch per call (plan.py), so, as on a
+    TensorFlow TPU, the backups and SIGTERM's stop come at epoch ends.
+    One process trains (no cluster), so every save goes to the backup folder.
+    """
+
+    def _checkpoint_step(self):
+        """The global steps the weights file has trained (0 without one); keeps its path."""
+        try:
+            step, self._latest = saved_weights(self.folder)
+        except ValueError as error:
+            raise self._broken(error) from error
+        return step
+
+    def _broken(self, error):
+        """The one-line error for a weights file that cannot be read."""
+        return UserError(f"cannot read the checkpoint in {self.folder} ({first_line(error)}); "
+                         "delete the backup folder to start fresh")
+
+    def _open(self):
+        """Load the weights file `resume` found, if any, into the model and its optimizer."""
+        self._scratch = scratch_folder("weights")  # Keras writes each file here first
+        self._saved = self._latest
+        for path in tf.io.gfile.glob(join(self.folder, WEIGHTS.format(step="*"))):
+            if path != self._latest:  # the new file of a save that was killed
+                _remove(path)
+        if self._latest is None:
+            return
+        model = self.model  # on JAX, Keras' Callback.model puts fit's state back in the model
+        if not model.built:  # JAX's fit has built it (its _symbolic_build); TensorFlow's defers
+            model.build((None, *IMAGE_SHAPE))
+        if not model.optimizer.built:  # its variables exist only once built
+            model.optimizer.build(model.trainable_variables)
+        try:
+            model.load_weights(self._latest)
+        except (OSError, ValueError, KeyError) as error:  # h5py: a cut or foreign file
+            raise self._broken(error) from error
+        self._latest = None  # once, as in Backup._open
+
+    def _save(self):
+        """A new weights file, then checkpoint.json naming it; the earlier file removed.
+
+        A failure (a full disk, a bucket gone) is one line, and leaves the last pair.
+        """
+        path = join(self.folder, WEIGHTS.format(step=self._trained))
+        if path != self._saved:  # (the same steps are the same weights)
+            local = os.path.join(self._scratch, "checkpoint.weights.h5")
+            try:
+                # written here, then copied: on a full disk h5py would also print
+                # the errors it meets while it closes the file
+                self.model.save_weights(local)
+                tf.io.gfile.copy(local, path, overwrite=True)
+                write_json(join(self.folder, CHECKPOINT),
+                           {"step": self._trained, "weights": path.rsplit("/", 1)[-1]})
+            except (OSError, tf.errors.OpError, UserError) as error:
+                _remove(path)
+                self._close()
+                raise UserError(f"cannot save the backup in {self.folder} "
+                                f"({first_line(error)}) after {self._trained:,} steps; "
+                                f"{self._kept()}, and the earlier outputs are untouched"
+                                ) from error
+            if self._saved:
+                _remove(self._saved)
+            self._saved = path
+        self._since = 0
+
+    def _kept(self):
+        """What the backup folder holds now, read back from it: for a line that says so."""
+        try:
+            step, _ = saved_weights(self.folder)
+        except (ValueError, UserError):
+            return "the backup there cannot be read back"
+        return _kept_line(step)
+
+
+def _remove(path):
+    """Remove the file `path` if it is there."""
+    if path and tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+
+
+def _kept_line(step):
+    """What a backup of `step` global steps lets the same command do."""
+    if not step:
+        return "it holds no backup yet"
+    return (f"it holds the backup of {step:,} steps, which the same command resumes "
+            "from (once there is room)")
 
 
 def _count(count, what):

@@ -7,7 +7,8 @@ step indices `fit` passes. One implementation each:
 
 - `EpochTimer`: wall time of each epoch and of its training part.
 - Keras' `TerminateOnNaN`: a diverged run stops at the step it diverged.
-- `backup.Backup` (--backup-dir): resume after a crash.
+- `backup.Backup` (--backup-dir): resume after a crash; `backup.KerasBackup`
+  on Keras' JAX backend.
 - Keras' `TensorBoard` (--logdir): losses and learning rate per epoch,
   numbered from 1 as the log prints epochs (Keras numbers them from 0), in
   DIR/<run name>/<start time> (`attempt_logdir`).
@@ -253,9 +254,10 @@ def make_callbacks(plan, digits):
     callbacks = [timer, keras.callbacks.TerminateOnNaN()]
     backup = None
     if settings.backup_dir:
-        from pyimagesearch.backup import Backup
+        from pyimagesearch.backup import Backup, KerasBackup
 
-        backup = Backup(plan)
+        # a tf.train.Checkpoint on TensorFlow; Keras' own weights file on JAX
+        backup = (KerasBackup if plan.backend == "jax" else Backup)(plan)
     if backup:
         callbacks.append(backup)
     if plan.is_chief and (settings.logdir or settings.profile_steps):

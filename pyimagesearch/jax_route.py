@@ -10,10 +10,10 @@ the gradient is already the mean over all of them: the article's
 `scale=N` (loss.py).
 
 What this route cannot do yet is refused in one line before any training
-(`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
-and backups are tf.train.Checkpoints of TensorFlow variables. The line
-says what works where it is read (tpu_runtime.instead_of_jax): on Colab's
-and Kaggle's TPUs, not TensorFlow's TPU route.
+(`refuse_levers`), in a line that says what works where it is read
+(tpu_runtime.instead_of_jax): on Colab's and Kaggle's TPUs, not TensorFlow's
+TPU route. Backups (--backup-dir) are Keras' own weights files here
+(backup.KerasBackup).
 """
 import keras
 
@@ -76,13 +76,12 @@ def refuse_levers(settings, host=None):
     on `host` (None: this machine) instead."""
     refused = [flag for flag, asked in (
         ("--loop custom", settings.loop == "custom"),
-        ("--backup-dir", settings.backup_dir),
         ("--profile-steps", settings.profile_steps),
         ("--precision mixed_float16", settings.precision == "mixed_float16"),
         ("--jit-compile", settings.jit_compile)) if asked]
     if refused:
         raise UserError(
-            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, backups, "
+            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, "
             "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
             f"every step with XLA anyway); {instead_of_jax(host or detect())}")
 

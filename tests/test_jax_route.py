@@ -128,7 +128,6 @@ def test_prepare_on_jax_lets_jax_take_the_tpu_and_sets_no_tensorflow_runtime(mon
 
 @pytest.mark.parametrize("flags, named", [
     ({"loop": "custom"}, "--loop custom"),
-    ({"backup_dir": "backups"}, "--backup-dir"),
     ({"profile_steps": (1, 1)}, "--profile-steps"),
     ({"precision": "mixed_float16"}, "--precision mixed_float16"),
     ({"jit_compile": True}, "--jit-compile"),
@@ -142,7 +141,8 @@ def test_what_jax_cannot_do_here_is_refused_in_one_line(flags, named):
 
 def test_the_levers_jax_keeps_are_not_refused():
     data_parallel.refuse_levers(Settings(precision="mixed_bfloat16", logdir="logs",
-                                         lr_scaling="sqrt", optimizer="sgd"))
+                                         lr_scaling="sqrt", optimizer="sgd",
+                                         backup_dir="backups", backup_every=5))
 
 
 # --- the rehearsal, end to end -------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_on_jax_the_custom_loop_is_refused_before_training(repo, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "train_tpu.py: error: --loop custom: not on Keras' JAX backend (the custom loop, "
-        "backups, the profiler and float16 loss scaling are TensorFlow's here, and JAX "
+        "the profiler and float16 loss scaling are TensorFlow's here, and JAX "
         "compiles every step with XLA anyway); run with KERAS_BACKEND=tensorflow"]
     assert "[INFO] training the autoencoder" not in done.stdout
 
