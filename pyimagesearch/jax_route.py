@@ -10,8 +10,10 @@ the gradient is already the mean over all of them: the article's
 `scale=N` (loss.py).
 
 What this route cannot do yet is refused in one line before any training
-(`refuse_levers`): the custom loop and --profile-steps are TensorFlow's,
-and backups are tf.train.Checkpoints of TensorFlow variables.
+(`refuse_levers`): backups are tf.train.Checkpoints of TensorFlow variables.
+The custom loop (`--loop custom`: jax_loop.py's step), --profile-steps (a
+JAX trace, callbacks.ProfileSteps) and mixed_float16 (Keras' loss scaling,
+backend-agnostic in Keras 3) run here as on TensorFlow.
 """
 import keras
 
@@ -71,16 +73,13 @@ def _version(package):
 def refuse_levers(settings):
     """What Keras on JAX cannot do here yet: one line, before any training."""
     refused = [flag for flag, asked in (
-        ("--loop custom", settings.loop == "custom"),
         ("--backup-dir", settings.backup_dir),
-        ("--profile-steps", settings.profile_steps),
-        ("--precision mixed_float16", settings.precision == "mixed_float16"),
         ("--jit-compile", settings.jit_compile)) if asked]
     if refused:
         raise UserError(
-            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, backups, "
-            "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
-            "every step with XLA anyway); run with KERAS_BACKEND=tensorflow")
+            f"{', '.join(refused)}: not on Keras' JAX backend (backups are TensorFlow's "
+            "here, and JAX compiles every step with XLA anyway); run with "
+            "KERAS_BACKEND=tensorflow")
 
 
 def versions():
