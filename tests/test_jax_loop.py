@@ -50,7 +50,6 @@ def test_the_custom_loops_jax_step_on_n_devices_is_one_devices_fit_step():
         assert step["max_difference"] < 1e-3 * record["step_size"], step
 
 
-@pytest.mark.slow  # two steps under float16 (about 35 s here)
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_float16_with_loss_scaling_takes_the_float32_step_on_jax(loop):
     record = _step_record("--loop", loop, "--precision", "mixed_float16", "2:1")
@@ -82,7 +81,6 @@ def _traces(attempt):
     return sorted((attempt / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
-@pytest.mark.slow  # a rehearsal on 2 JAX devices (about 45 s here)
 def test_the_custom_loop_on_jax_trains_validates_logs_and_traces(tmp_path):
     record, attempt, out = _rehearse(tmp_path, "--loop", "custom", "--profile-steps", "1,2")
     assert (record["backend"], record["loop"]) == ("jax", "custom")
@@ -96,7 +94,6 @@ def test_the_custom_loop_on_jax_trains_validates_logs_and_traces(tmp_path):
     assert list((attempt / "validation").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow  # a rehearsal on 2 JAX devices (about 35 s here)
 def test_fit_on_jax_traces_the_steps_asked_for_under_float16(tmp_path):
     record, attempt, _ = _rehearse(tmp_path, "--profile-steps", "2,2",
                                    "--precision", "mixed_float16")
