@@ -100,3 +100,43 @@ def test_fit_on_jax_traces_the_steps_asked_for_under_float16(tmp_path):
     assert (record["backend"], record["loop"]) == ("jax", "fit")
     assert all(0 < loss < 1 for loss in record["loss"] + record["val_loss"])
     assert _traces(attempt)
+
+
+# an overflow on one device's half of the batch: every device skips the step
+SKIP_ON_OVERFLOW = """
+import itertools, json
+import keras, numpy as np
+from pyimagesearch.autoencoder import AutoEncoder
+from pyimagesearch.jax_route import DataParallel
+from pyimagesearch.loop import fit_custom
+from pyimagesearch.strategies import with_loss_scaling
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+keras.utils.set_random_seed(0)
+strategy = DataParallel(devices=keras.distribution.list_devices("cpu")[:2])
+images = np.random.default_rng(7).random((32, 28, 28, 1)).astype("float32")
+poisoned = images.copy()
+poisoned[-1] = np.inf  # the last image: the second device's half
+with strategy.scope():
+    model = AutoEncoder()
+    model.compile(loss="mse", optimizer=with_loss_scaling(keras.optimizers.SGD(1.0),
+                                                          "mixed_float16"))
+    model.build((None, 28, 28, 1))
+    before = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    fit_custom(model, strategy, itertools.repeat((poisoned, images)), [(images, images)],
+               epochs=1, steps_per_epoch=1, global_batch_size=32, verbose=False,
+               backend="jax")
+after = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+print(json.dumps({"unchanged": all(np.array_equal(a, b) for a, b in zip(after, before)),
+                  "loss_scale": float(keras.ops.convert_to_numpy(
+                      model.optimizer.dynamic_scale))}))
+"""
+
+
+def test_an_overflow_on_one_device_skips_the_step_and_halves_the_loss_scale():
+    done = subprocess.run([sys.executable, "-c", SKIP_ON_OVERFLOW], cwd=REPO,
+                          env=_jax_env(2), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found == {"unchanged": True, "loss_scale": 2.0 ** 14}
