@@ -12,7 +12,8 @@ One folder, a module per concern (docs/development.md draws the house):
                                         native lines, how it ends, the one-line errors
     backup, loop, tfrecords, cluster,   opt-in, loaded where a flag or the environment asks:
     tfrecord_writer, tpu_runtime,       --backup-dir, --loop custom, TFRecords, TF_CONFIG,
-    tpu_lookup, jax_route, workarounds  the TPU, Keras on JAX, TensorFlow's private hooks
+    tpu_lookup, jax_route, jax_loop,    the TPU, Keras on JAX (and its custom loop's step),
+    workarounds                         TensorFlow's private hooks
     notebook/                           the notebook's driver, which never loads TensorFlow
 
 Importing the package changes nothing: each script and tool makes one

@@ -15,7 +15,8 @@ step indices `fit` passes. One implementation each:
 - `EpochSummaries` (--logdir): what Keras' TensorBoard does not write:
   images per second and, at each epoch end, the figure's digits with their
   reconstructions as an image summary.
-- `ProfileSteps` (--profile-steps A,B): a profiler trace of steps A to B.
+- `ProfileSteps` (--profile-steps A,B): a profiler trace of steps A to B
+  (TensorFlow's, or on Keras' JAX backend JAX's).
 
 `make_callbacks` builds the set a run needs from its plan.
 """
@@ -23,6 +24,7 @@ import dataclasses
 import datetime
 import functools
 import math
+import sys
 import time
 
 import keras
@@ -98,11 +100,17 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
 
 
 class ProfileSteps(keras.callbacks.Callback):
-    """A TensorFlow profiler trace of training steps `first` to `last` (counted from 1).
+    """A profiler trace of training steps `first` to `last` (counted from 1).
 
     Both loops call a batch hook once per execution of up to
     `steps_per_execution` steps, so every execution that holds one of the
-    steps is traced.
+    steps is traced. On TensorFlow it is TensorFlow's profiler; on Keras'
+    JAX backend JAX's (`jax.profiler.start_trace`, what Keras' own
+    TensorBoard callback calls there: keras/src/backend/jax/tensorboard.py,
+    Keras 3.15.1, which switches it off below Python 3.12 after segfaults in
+    one set-up, keras-team/keras#20450; jax 0.7.2 traced here on 3.11). Both
+    write DIR/plugins/profile/<time>/<host>.xplane.pb, which TensorBoard's
+    profile plugin opens.
     """
 
     def __init__(self, logdir, first, last, steps_per_execution):
@@ -121,7 +129,15 @@ class ProfileSteps(keras.callbacks.Callback):
         done = self._before + batch  # steps finished before this execution
         size = min(self.steps_per_execution, self.params["steps"] - batch)
         if not self._running and done < self.last and done + size >= self.first:
-            tf.profiler.experimental.start(self.logdir)
+            if keras.backend.backend() == "jax":
+                # lazy: jax is installed on train_tpu.py's JAX route only
+                import jax.profiler
+
+                self._profiler = jax.profiler
+                _keeping_tensorflows_switch(jax.profiler.start_trace, self.logdir)
+            else:
+                self._profiler = None
+                tf.profiler.experimental.start(self.logdir)
             self._running = True
 
     def on_train_batch_end(self, batch, logs=None):
@@ -134,8 +150,29 @@ class ProfileSteps(keras.callbacks.Callback):
 
     def _stop(self):
         if self._running:
-            tf.profiler.experimental.stop()
+            if self._profiler:
+                _keeping_tensorflows_switch(self._profiler.stop_trace)
+            else:
+                tf.profiler.experimental.stop()
             self._running = False
+
+
+def _keeping_tensorflows_switch(call, *args):
+    """Start or stop JAX's trace, then give TensorFlow's tracing switch back its function.
+
+    JAX's profiler (jaxlib 0.7.2's XLA Python hooks, in libjax_common.so)
+    sets `tensorflow.python.profiler.trace.enabled` to True as a trace
+    starts and False as it stops: a flag in the TensorFlow it was written
+    for, a function (`traceme_enabled`) in TensorFlow 2.21, where every
+    traced TensorFlow call then fails ("'bool' object is not callable"),
+    tf.data and the summaries included. No upstream report was found; seen
+    with jax 0.7.2 and TensorFlow 2.21.0 (tests/test_jax_loop.py).
+    """
+    switch = sys.modules.get("tensorflow.python.profiler.trace")
+    enabled = getattr(switch, "enabled", None)
+    call(*args)
+    if callable(enabled):
+        switch.enabled = enabled
 
 
 @dataclasses.dataclass

@@ -13,7 +13,9 @@ What this route cannot do yet is refused in one line before any training
 (`refuse_levers`), in a line that says what works where it is read
 (tpu_runtime.instead_of_jax): on Colab's and Kaggle's TPUs, not TensorFlow's
 TPU route. Backups (--backup-dir) are Keras' own weights files here
-(backup.KerasBackup).
+(backup.KerasBackup); the custom loop (`--loop custom`: jax_loop.py's step),
+--profile-steps (a JAX trace, callbacks.ProfileSteps) and mixed_float16
+(Keras' loss scaling, backend-agnostic in Keras 3) run here as on TensorFlow.
 """
 import keras
 
@@ -75,15 +77,11 @@ def refuse_levers(settings, host=None):
     """What Keras on JAX cannot do here yet: one line, before any training, with what works
     on `host` (None: this machine) instead."""
     refused = [flag for flag, asked in (
-        ("--loop custom", settings.loop == "custom"),
-        ("--profile-steps", settings.profile_steps),
-        ("--precision mixed_float16", settings.precision == "mixed_float16"),
         ("--jit-compile", settings.jit_compile)) if asked]
     if refused:
         raise UserError(
-            f"{', '.join(refused)}: not on Keras' JAX backend (the custom loop, "
-            "the profiler and float16 loss scaling are TensorFlow's here, and JAX compiles "
-            f"every step with XLA anyway); {instead_of_jax(host or detect())}")
+            f"{', '.join(refused)}: not on Keras' JAX backend (JAX compiles every step "
+            f"with XLA anyway); {instead_of_jax(host or detect())}")
 
 
 def versions():

@@ -15,6 +15,11 @@ The objective is `loss.per_image_mse`, the one `MSELoss` averages for
 `fit`. Selected with `--loop custom` on every training script; tests check
 that it gives the same weights and losses as `fit`
 (tests/test_loss_scaling.py).
+
+The loop itself (epochs, callbacks, history, validation) is one for both of
+Keras' backends that train_tpu.py takes; what differs is the compiled step:
+`TensorFlowSteps` here, `jax_loop.JaxSteps` on Keras' JAX backend (a
+`jax.value_and_grad` of the same sum over the global batch), loaded only there.
 """
 import time
 
@@ -32,28 +37,30 @@ def execution_sizes(steps_per_epoch, steps_per_execution):
 
 def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
                global_batch_size, steps_per_execution=1, callbacks=(), initial_epoch=0,
-               initial_step=0, jit_compile=False, verbose=True):
+               initial_step=0, jit_compile=False, verbose=True, backend=None):
     """Train `model` (built and compiled in `strategy`'s scope); return fit-style history.
 
     `trainDs` is repeated (an epoch is `steps_per_epoch` steps); `valDs` is
-    finite and read to its end after every epoch. Either may be a
-    tf.data.Dataset, which is distributed here, or already distributed
-    (`strategy.distribute_datasets_from_function`). Keras callbacks get the
+    finite and read to its end after every epoch. On TensorFlow either may
+    be a tf.data.Dataset, which is distributed here, or already distributed
+    (`strategy.distribute_datasets_from_function`); on JAX (`backend`, Keras'
+    own unless given) a dataset of global batches, which jax_loop.py splits
+    between the DataParallel's devices. Keras callbacks get the
     hooks `fit` would call: train begin and end, epoch begin and end (with
     the logs), test begin, and a batch begin and end per execution, given
     its first and last step as `fit` gives them. Epochs start at
     `initial_epoch` (a resumed run), as in `fit`, and the first of them
     after its `initial_step` steps (a run resumed mid-epoch; its step
-    indices then count from there). `jit_compile` compiles each replica's step with XLA.
+    indices then count from there). `jit_compile` compiles each replica's
+    step with XLA (JAX jits every step anyway).
     Under mixed_float16 the optimizer is a LossScaleOptimizer: the loss is
-    scaled up before the gradients are taken, and `apply_gradients` scales
+    scaled up before the gradients are taken, and applying them scales
     them back down (and skips a step whose gradients overflowed).
     """
-    _build_optimizer(model, strategy)
-    train_steps = _train_steps_function(model, strategy, global_batch_size, jit_compile)
-    val_batch = _val_batch_function(model, strategy)
-    train_iterator = iter(_distributed(strategy, trainDs))
-    val_batches = _distributed(strategy, valDs)
+    steps = _steps(model, strategy, global_batch_size, jit_compile,
+                   backend or keras.backend.backend())
+    train_iterator = steps.iterator(trainDs)
+    val_batches = steps.batches(valDs)
     callbacks = keras.callbacks.CallbackList(list(callbacks), model=model, epochs=epochs,
                                              steps=steps_per_epoch, verbose=0)
     history = {"loss": [], "val_loss": []}
@@ -65,15 +72,15 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
             if verbose:  # the lines fit prints where its output is not a terminal
                 print(f"Epoch {epoch + 1}/{epochs}", flush=True)
             start = time.perf_counter()
-            steps = steps_per_epoch - (initial_step if epoch == initial_epoch else 0)
-            history["loss"].append(_train_epoch(model, callbacks, train_steps, train_iterator,
-                                                steps, steps_per_execution) / steps)
+            count = steps_per_epoch - (initial_step if epoch == initial_epoch else 0)
+            history["loss"].append(_train_epoch(model, callbacks, steps, train_iterator,
+                                                count, steps_per_execution) / count)
             callbacks.on_test_begin()
-            history["val_loss"].append(_validation_loss(val_batch, val_batches))
+            history["val_loss"].append(_validation_loss(steps, val_batches))
             callbacks.on_epoch_end(epoch, {"loss": history["loss"][-1],
                                            "val_loss": history["val_loss"][-1]})
             if verbose:
-                print(f"{steps}/{steps} - "
+                print(f"{count}/{count} - "
                       f"{time.perf_counter() - start:.1f}s - loss: {history['loss'][-1]:.4f}"
                       f" - val_loss: {history['val_loss'][-1]:.4f}", flush=True)
             if model.stop_training:
@@ -81,6 +88,50 @@ def fit_custom(model, strategy, trainDs, valDs, epochs, steps_per_epoch,
     finally:
         callbacks.on_train_end()  # even on an error: temporary folders, writers
     return history
+
+
+def _steps(model, strategy, global_batch_size, jit_compile, backend):
+    """The compiled steps of `backend`: TensorFlowSteps, or jax_loop.JaxSteps."""
+    if backend == "jax":
+        # lazy: jax is installed on the JAX route only (requirements-jax-tpu.txt), and
+        # TensorFlow's route, on a Cloud TPU VM, has none
+        from pyimagesearch.jax_loop import JaxSteps
+        return JaxSteps(model, strategy, global_batch_size)
+    return TensorFlowSteps(model, strategy, global_batch_size, jit_compile)
+
+
+class TensorFlowSteps:
+    """The custom loop's compiled steps under a tf.distribute strategy.
+
+    What the loop asks of them (jax_loop.JaxSteps answers the same): an
+    iterator over the training batches, the validation batches, `train`
+    (count steps; their summed loss) and `validate` (a batch's summed
+    per-image error and its image count).
+    """
+
+    def __init__(self, model, strategy, global_batch_size, jit_compile):
+        self.strategy = strategy
+        _build_optimizer(model, strategy)
+        self._train_steps = _train_steps_function(model, strategy, global_batch_size,
+                                                  jit_compile)
+        self._val_batch = _val_batch_function(model, strategy)
+
+    def iterator(self, dataset):
+        """An iterator over `dataset`, split between the replicas."""
+        return iter(_distributed(self.strategy, dataset))
+
+    def batches(self, dataset):
+        """`dataset` split between the replicas, to read once per epoch."""
+        return _distributed(self.strategy, dataset)
+
+    def train(self, iterator, count):
+        """Train `count` steps from `iterator`: the sum of their losses, a float."""
+        return float(self._train_steps(iterator, tf.constant(count)))
+
+    def validate(self, batch):
+        """A validation batch's summed per-image error and image count, as floats."""
+        error_sum, count = self._val_batch(batch)
+        return float(error_sum), float(count)
 
 
 def _build_optimizer(model, strategy):
@@ -142,27 +193,27 @@ def _val_batch_function(model, strategy):
     return val_batch
 
 
-def _train_epoch(model, callbacks, train_steps, train_iterator, steps, steps_per_execution):
-    """Run an epoch's `steps` steps, with fit's batch hooks; the sum of their losses."""
+def _train_epoch(model, callbacks, steps, train_iterator, count, steps_per_execution):
+    """Run an epoch's `count` steps, with fit's batch hooks; the sum of their losses."""
     total, step = 0.0, 0
-    for count in execution_sizes(steps, steps_per_execution):
+    for size in execution_sizes(count, steps_per_execution):
         # the step indices fit passes: first and last step of the call
         callbacks.on_train_batch_begin(step)
-        part = float(train_steps(train_iterator, tf.constant(count)))
+        part = steps.train(train_iterator, size)
         total += part
-        step += count
-        callbacks.on_train_batch_end(step - 1, {"loss": part / count})
+        step += size
+        callbacks.on_train_batch_end(step - 1, {"loss": part / size})
         if model.stop_training:  # keras.callbacks.TerminateOnNaN, say
             break
     return total
 
 
-def _validation_loss(val_batch, val_batches):
+def _validation_loss(steps, val_batches):
     """The mean per-image error over every validation batch (0 if there are none)."""
     error_sum, count = 0.0, 0.0
     for batch in val_batches:
-        batch_sum, batch_count = val_batch(batch)
-        error_sum, count = error_sum + float(batch_sum), count + float(batch_count)
+        batch_sum, batch_count = steps.validate(batch)
+        error_sum, count = error_sum + batch_sum, count + batch_count
     return error_sum / max(count, 1.0)
 
 
@@ -176,11 +227,13 @@ def _distributed(strategy, dataset):
 def custom_loop(model, trainDs, valDs, plan, run):
     """`fit_custom` as the training scripts call it: the settings of `plan`, the callbacks of `run`.
 
-    A resumed run (`run.start` steps done) goes on from that very step.
+    A resumed run (`run.start` steps done) goes on from that very step. The
+    steps are the plan's backend's: TensorFlow's, or on train_tpu.py's JAX
+    route jax_loop.py's.
     """
     epoch, step = divmod(run.start, plan.steps_per_epoch)
     return fit_custom(model, plan.strategy, trainDs, valDs, plan.settings.epochs,
                       plan.steps_per_epoch, plan.global_batch_size,
                       steps_per_execution=plan.steps_per_execution, callbacks=run.callbacks,
                       initial_epoch=epoch, initial_step=step,
-                      jit_compile=plan.settings.jit_compile)
+                      jit_compile=plan.settings.jit_compile, backend=plan.backend)

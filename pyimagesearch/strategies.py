@@ -300,10 +300,14 @@ class ReplicasAgreeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     stays in Adam's state), under MultiWorkerMirroredStrategy per replica (so
     one worker enters the all-reduce inside `apply` while another skips it,
     and both hang). Here the replicas all-reduce their "finite" flags first.
+    On Keras' JAX backend it is Keras' own: one jitted step sees the gradient
+    of the whole global batch, so every device takes the same decision.
     """
 
     def check_finite(self, grads):
         finite = super().check_finite(grads)
+        if keras.backend.backend() != "tensorflow":
+            return finite
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return finite

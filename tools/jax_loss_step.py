@@ -1,14 +1,21 @@
 """One SGD step of the article's model on Keras' JAX backend, on 1 and on N devices.
 
     JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py 8:1 8:8 [--json FILE]
+    JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py --loop custom 1:1 8:1 8:8
 
 For each `N:scale`: `pyimagesearch`'s AutoEncoder and MSELoss(scale) take one
 SGD step on DataParallel over N JAX CPU devices, from the same weights on
-the same global batch as on one device. Prints (and with --json writes) the
+the same global batch as one device's step with `fit`. Prints (and with --json writes) the
 ratio of the step to the one-device step (1.000: the same step; projected
 onto it) and the largest difference between the two. With the article's
 scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
 (tests/test_loss_scaling.py): one jitted step sees the whole global batch.
+With `--loop custom` the step is the custom loop's (pyimagesearch/jax_loop.py),
+whose loss is the per-image errors' sum over the global batch divided by its
+size, whatever the compiled MSELoss's scale: the ratio is 1 for every case.
+With `--precision mixed_float16` the step computes in float16 with Keras' loss
+scaling (the record adds the loss scale after the step): its ratio to the
+float32 step is 1 within float16's precision, not the 32768 of a scale left in.
 Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py):
 JAX and Keras are imported once the arguments are read, so that importing
 this module (parse_args, as tests/test_docs_commands.py does) loads neither.
@@ -26,8 +33,12 @@ GLOBAL_BATCH = 32
 LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off
 
 
-def one_step(devices, scale, images):
-    """The update of one SGD step from seed 0's weights, on DataParallel over `devices`."""
+def one_step(devices, scale, images, loop="fit", precision="float32"):
+    """One SGD step from seed 0's weights, on DataParallel over `devices`.
+
+    Returns the update and, under mixed_float16, the loss scale after the
+    step (Keras' LossScaleOptimizer, as strategies.with_loss_scaling wraps it).
+    """
     import keras
     import numpy as np
 
@@ -36,15 +47,48 @@ def one_step(devices, scale, images):
     from pyimagesearch.loss import MSELoss
 
     keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy(precision)
     strategy = DataParallel(devices=keras.distribution.list_devices("cpu")[:devices])
     with strategy.scope():
         model = AutoEncoder()
-        model.compile(loss=MSELoss(scale=scale), optimizer=keras.optimizers.SGD(LEARNING_RATE))
+        model.compile(loss=MSELoss(scale=scale), optimizer=optimizer(precision))
         before = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
-        model.fit(images, images, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        if loop == "custom":
+            custom_step(model, strategy, images)
+        else:
+            model.fit(images, images, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
+                      verbose=0)
+    keras.mixed_precision.set_global_policy("float32")
     after = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
     assert strategy.num_replicas_in_sync == devices
-    return np.concatenate([(a - b).ravel() for a, b in zip(after, before)])
+    loss_scale = getattr(model.optimizer, "dynamic_scale", None)
+    return (np.concatenate([(a - b).ravel() for a, b in zip(after, before)]),
+            None if loss_scale is None else float(keras.ops.convert_to_numpy(loss_scale)))
+
+
+def optimizer(precision):
+    """SGD, wrapped in the package's LossScaleOptimizer under mixed_float16."""
+    import keras
+
+    sgd = keras.optimizers.SGD(LEARNING_RATE)
+    if precision != "mixed_float16":
+        return sgd
+    # loads TensorFlow: float16 only
+    from pyimagesearch.strategies import with_loss_scaling
+
+    return with_loss_scaling(sgd, precision)
+
+
+def custom_step(model, strategy, images):
+    """One step of the custom loop (its JAX step): the global batch, then it again to validate."""
+    import itertools
+
+    from pyimagesearch.loop import fit_custom
+
+    history = fit_custom(model, strategy, itertools.repeat((images, images)), [(images, images)],
+                         epochs=1, steps_per_epoch=1, global_batch_size=GLOBAL_BATCH,
+                         verbose=False, backend="jax")
+    assert set(history) == {"loss", "val_loss"}, history
 
 
 def case(text):
@@ -61,6 +105,11 @@ def case(text):
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="+", type=case, metavar="N:SCALE")
+    parser.add_argument("--loop", choices=("fit", "custom"), default="fit",
+                        help="the step of fit (default) or of the custom loop, on N devices")
+    parser.add_argument("--precision", choices=("float32", "mixed_float16"),
+                        default="float32", help="the step's compute precision; the "
+                        "reference is float32's")
     parser.add_argument("--json", metavar="FILE", help="also write the record here")
     return parser
 
@@ -85,19 +134,20 @@ def main(argv=None):
         parser.exit(2, f"jax_loss_step.py: error: {wanted} devices asked for, JAX has "
                        f"{available}: set JAX_NUM_CPU_DEVICES={wanted}\n")
     images = np.random.default_rng(7).random((GLOBAL_BATCH, 28, 28, 1)).astype("float32")
-    reference = one_step(1, 1, images)
+    reference, _ = one_step(1, 1, images)  # fit, float32, one device
     record = {"command": ["jax_loss_step.py", *(argv if argv is not None else sys.argv[1:])],
               "backend": keras.backend.backend(), "keras_version": keras.__version__,
               "jax_version": jax.__version__, "python": platform.python_version(),
               "date": datetime.date.today().isoformat(), "global_batch": GLOBAL_BATCH,
               "learning_rate": LEARNING_RATE, "step_size": float(np.abs(reference).max()),
-              "steps": {}}
+              "loop": args.loop, "precision": args.precision, "steps": {}}
     for text in args.cases:
         devices, scale = (int(part) for part in text.split(":"))
-        update = one_step(devices, scale, images)
+        update, loss_scale = one_step(devices, scale, images, args.loop, args.precision)
         record["steps"][text] = {
             "ratio": float(np.dot(update, reference) / np.dot(reference, reference)),
-            "max_difference": float(np.abs(update - reference).max())}
+            "max_difference": float(np.abs(update - reference).max()),
+            **({} if loss_scale is None else {"loss_scale": loss_scale})}
     print(json.dumps(record))
     if args.json:
         with open(args.json, "w") as handle:
