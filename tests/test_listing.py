@@ -386,3 +386,18 @@ def test_unmarked_lines_read_only_names_that_unmarked_lines_bind(script):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
             and node.lineno not in marked}
     assert sorted(name for name, line in read if name not in bound) == [], script
+
+
+def test_the_jax_line_that_stands_for_the_articles_tpu_set_up_has_its_row():
+    # train_tpu.py on Keras' JAX backend (Colab's and Kaggle's TPUs): one marked line in
+    # place of the article's resolver, connect, initialize and TPUStrategy (its lines 47-50)
+    jax_line = "strategy = strategies.data_parallel(args.rehearse)"
+    assert f"{jax_line}  # +" in (REPO / "train_tpu.py").read_text()
+    rows = [row for row in departures_table((REPO / "README.md").read_text())
+            if (_normal(jax_line), {"train_tpu.py"}) in row.ours]
+    assert len(rows) == 1, "the README's departures table has no row for the JAX route's strategy"
+    assert [_normal(line) for line in ("tpu = TPUClusterResolver()",
+                                       "experimental_connect_to_cluster(tpu)",
+                                       "initialize_tpu_system(tpu)",
+                                       "strategy = TPUStrategy(tpu)")] == rows[0].article
+    assert rows[0].scripts == {"train_tpu.py"} and "DataParallel" in rows[0].why

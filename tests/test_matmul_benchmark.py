@@ -3,11 +3,18 @@
 The peaks are checked on fake /proc/cpuinfo text and GPU names, so the tests
 say the same on any machine; one tiny real run covers the timing path.
 """
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import matmul_benchmark
+
+from pyimagesearch import runtime, tpu_runtime
+from pyimagesearch.errors import UserError
+from pyimagesearch.runtime import Host
 
 
 def _cpuinfo_text(vendor, family, flags, processors=4, siblings=4, cores=2, mhz=3000.0):
@@ -121,3 +128,152 @@ def test_a_tiny_benchmark_run_reports_both_timings(monkeypatch):
     assert result["cpu_model"] and result["cpus_usable"] == len(matmul_benchmark.usable_cpus())
     text = matmul_benchmark.report(result)
     assert "naive" in text and "median" in text and "upper bound" in text
+
+
+# --- the JAX path: Colab's and Kaggle's TPUs, where TensorFlow cannot reach the chips --------
+
+ARTICLE_SHAPES = 'SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}'
+TINY_SHAPES = 'SHAPES = {"w": (8, 32, 16), "x": (8, 16, 32), "b": (8, 32, 32)}'
+# the tool run as `python tools/matmul_benchmark.py ARGS` would run it, on operands small
+# enough for a shared 2-core machine (the article's 1 GiB ones: the slow test below)
+AS_A_SCRIPT = """import pathlib, sys
+tool = pathlib.Path("tools/matmul_benchmark.py").resolve()
+text = tool.read_text()
+assert text.count({article!r}) == 1
+sys.argv = [str(tool), *sys.argv[1:]]
+exec(compile(text.replace({article!r}, {tiny!r}), str(tool), "exec"),
+     {{"__name__": "__main__", "__file__": str(tool)}})
+""".format(article=ARTICLE_SHAPES, tiny=TINY_SHAPES)
+
+
+def _run_tool(repo, args, backend="jax", tiny=True):
+    """`python tools/matmul_benchmark.py ARGS` with KERAS_BACKEND=`backend` (None: unset)."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("KERAS_BACKEND", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")}
+    env.update({"KERAS_BACKEND": backend} if backend else {})
+    command = ["-c", AS_A_SCRIPT] if tiny else ["tools/matmul_benchmark.py"]
+    return subprocess.run([sys.executable, *command, *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(repo, tmp_path):
+    # KERAS_BACKEND=jax --device tpu --rehearse 8: the route a Colab or Kaggle TPU takes
+    # (choose_framework, tpu_runtime.prepare), on 8 JAX CPU devices
+    record = tmp_path / "matmul.json"
+    args = ["--device", "tpu", "--rehearse", "8", "--repeats", "3", "--warmup", "1"]
+    done = _run_tool(repo, [*args, "--json", str(record)])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(record.read_text())
+    assert result["framework"] == "jax" and result["jax_version"].startswith("0.")
+    assert "tensorflow_version" not in result
+    assert (result["device"], result["replicas"], result["rehearsal"]) == ("tpu", 8, True)
+    assert result["flops"] == 2 * 8 * 32 * 32 * 16  # TINY_SHAPES: 1 matrix a device
+    assert (result["seconds"]["repetitions"], result["seconds"]["warmup"]) == (3, 1)
+    assert result["command"] == ["tools/matmul_benchmark.py", *args, "--json", str(record)]
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("device: 8 logical CPU devices on ")
+    assert first.endswith("(8 replica(s)), float32, JAX " + result["jax_version"])
+
+
+def test_without_a_tpu_the_jax_path_says_what_it_found_in_one_line(repo, tmp_path):
+    record = tmp_path / "matmul.json"
+    done = _run_tool(repo, ["--device", "tpu", "--json", str(record)])
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # TensorFlow's failed look for a GPU is not shown
+    assert lines[0].startswith("matmul_benchmark.py: error: no TPU for JAX: this machine, "
+                               "no GPU or TPU; JAX sees 1 cpu device(s)")
+    assert "jax 0." in lines[0] and lines[0].endswith("rehearse on 8 JAX CPU devices")
+    assert not record.exists() and done.stdout == ""
+
+
+def test_jax_times_the_op_on_one_cpu_device(monkeypatch):
+    # in this process: jax beside TensorFlow, as on a TPU image with tensorflow-cpu
+    monkeypatch.setattr(matmul_benchmark, "SHAPES",
+                        {"w": (8, 16, 4), "x": (8, 4, 16), "b": (8, 16, 16)})
+    result = matmul_benchmark.run_jax_benchmark("cpu", "bfloat16", repeats=2, warmup=0)
+    assert (result["framework"], result["replicas"], result["rehearsal"]) == ("jax", 1, False)
+    assert result["output_bytes"] == 8 * 16 * 16 * 2  # bfloat16
+    assert result["bytes_moved"] == 2 * (8 * 16 * 4 * 2 + 2 * 8 * 16 * 16)
+    assert (result["seconds"]["repetitions"], result["seconds"]["warmup"]) == (2, 0)
+    assert result["peak_tflops"] is None  # no bfloat16 peak for a CPU
+    assert ", bfloat16, JAX 0." in matmul_benchmark.report(result).splitlines()[0]
+
+
+@pytest.mark.parametrize("device, rehearse, tpu, said", [
+    ("gpu", None, None, "--device gpu is timed with TensorFlow here: run with "
+                        "KERAS_BACKEND=tensorflow"),
+    ("cpu", None, "my-tpu", "--tpu: JAX finds this machine's TPU itself"),
+    ("tpu", 3, None, "cannot rehearse on 3 JAX CPU devices: JAX started with "),
+])
+def test_what_the_jax_path_cannot_time_is_one_line(device, rehearse, tpu, said):
+    with pytest.raises(UserError) as refused:
+        matmul_benchmark.run_jax_benchmark(device, rehearse=rehearse, tpu=tpu)
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+    assert refused.value.exit_status == 2
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--warmup", "-1"], ["--dtype", "int8"],
+                                  ["--rehearse", "0"], ["--device", "npu"]])
+def test_a_bad_flag_is_one_line_and_status_2(monkeypatch, capsys, argv):
+    monkeypatch.setattr(matmul_benchmark, "FRAMEWORK", "jax")
+    monkeypatch.setattr(matmul_benchmark, "run_jax_benchmark",
+                        lambda *args: pytest.fail(f"taken, it ran: {args}"))
+    with pytest.raises(SystemExit) as stopped:
+        matmul_benchmark.main(argv)
+    said = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and len(said) == 1 and argv[0] in said[0], said
+
+
+def _chosen(monkeypatch, argv, environ, host):
+    """matmul_benchmark.choose_framework on stand-ins: the framework and the environment."""
+    monkeypatch.setattr(tpu_runtime, "prepared", None)  # prepare's note of this process
+    return matmul_benchmark.choose_framework(argv, environ, host), environ
+
+
+NO_TPU, TPU = Host("local", 0, 0, ""), Host("colab", 0, 1, "v5e")
+
+
+def test_the_framework_is_chosen_as_train_tpu_chooses_its_route(monkeypatch, capsys):
+    # jax is installed here and tensorflow-tpu is not: a TPU with them is Colab's, Kaggle's
+    jax_image = runtime.installed("jax") and not runtime.tensorflow_tpu_installed()
+    assert jax_image
+    framework, environ = _chosen(monkeypatch, ["--device", "tpu"], {}, TPU)
+    assert (framework, environ["KERAS_BACKEND"]) == ("jax", "jax")
+    # no TPU, or not --device tpu, or KERAS_BACKEND=tensorflow: TensorFlow's, as before
+    for argv, host, environ in ((["--device", "tpu"], NO_TPU, {}), ([], TPU, {}),
+                                (["--device=tpu"], TPU, {"KERAS_BACKEND": "tensorflow"})):
+        framework, environ = _chosen(monkeypatch, argv, environ, host)
+        assert (framework, environ["KERAS_BACKEND"]) == ("tensorflow", "tensorflow")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv, devices", [
+    ([], {"JAX_PLATFORMS": "cpu"}),                 # the CPU only: JAX leaves a TPU alone
+    (["--device", "cpu", "--rehearse", "1"], {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}),
+    (["--device=gpu", "--rehearse=2"], {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}),
+    (["--rehearse", "0"], {"JAX_PLATFORMS": "cpu"}),  # argparse refuses it next
+])
+def test_keras_backend_jax_asks_for_jax_on_any_device(monkeypatch, argv, devices):
+    framework, environ = _chosen(monkeypatch, argv, {"KERAS_BACKEND": "jax"}, NO_TPU)
+    assert framework == "jax" and environ == {"KERAS_BACKEND": "jax", **devices}
+
+
+def test_another_backend_is_set_aside_for_tensorflow_in_one_line(monkeypatch, capsys):
+    framework, environ = _chosen(monkeypatch, ["--device", "tpu"], {"KERAS_BACKEND": "torch"},
+                                 TPU)
+    assert (framework, environ["KERAS_BACKEND"]) == ("tensorflow", "tensorflow")
+    assert capsys.readouterr().err.splitlines() == [
+        "[INFO] KERAS_BACKEND=torch set aside: this code runs Keras on TensorFlow"]
+
+
+@pytest.mark.slow
+def test_the_articles_operands_on_jax_cpu(repo, tmp_path):
+    # the brief's rehearsal: the article's 1 GiB operands, timed by JAX on the CPU
+    record = tmp_path / "matmul.json"
+    done = _run_tool(repo, ["--repeats", "2", "--warmup", "1", "--json", str(record)],
+                     tiny=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(record.read_text())
+    assert result["framework"] == "jax" and result["flops"] == 8_589_934_592
+    assert result["bytes_moved"] == 2_214_592_512 and result["replicas"] == 1

@@ -440,10 +440,32 @@ def test_the_matmul_is_timed_on_a_gpu_or_tpu_and_on_a_cpu_when_asked(host, devic
 
 
 @pytest.mark.parametrize("setting", ["auto", True])
-def test_on_a_jax_tpu_image_the_matmul_is_not_timed_and_one_line_says_why(setting, capsys):
+def test_on_a_jax_tpu_image_the_matmul_is_timed_with_jax_and_one_line_says_so(setting, capsys):
     jax_image = {"jax": "0.7.2"}.get  # Colab's: TensorFlow there is tensorflow-cpu
-    assert driver.matmul_wanted(Host("colab", 0, 1, "v5e"), "auto", setting, jax_image) is False
-    assert capsys.readouterr().out.startswith("[INFO] the matmul is not timed on this TPU: ")
+    tpu = Host("colab", 0, 1, "v5e")
+    assert driver.matmul_wanted(tpu, "auto", setting, jax_image) is True
+    assert capsys.readouterr().out.startswith("[INFO] the matmul is timed with JAX's jax.numpy")
+    # its row is named apart from a TensorFlow TPU's, as its runs are (tpu_jax)
+    assert driver.matmul_record("tpu", "runs", tpu, jax_image) == os.path.join(
+        "runs", "benchmarks", "matmul_tpu_jax.json")
+    tensorflow_tpu = {"jax": "0.7.2", "tensorflow-tpu": "2.19.1"}.get
+    assert driver.matmul_record("tpu", "runs", tpu, tensorflow_tpu) == os.path.join(
+        "runs", "benchmarks", "matmul_tpu.json")
+    assert driver.matmul_wanted(tpu, "auto", False, jax_image) is False  # TIME_MATMUL = False
+    # the tool chooses JAX there itself: an image's KERAS_BACKEND is left to its rule
+    assert "KERAS_BACKEND" not in driver.script_environment("tools/matmul_benchmark.py")
+
+
+def test_the_matmul_table_says_which_rows_jax_timed(tmp_path):
+    _matmul(tmp_path, "matmul_tpu_jax.json", 0.25, 0.0012)
+    record = json.loads((tmp_path / "benchmarks" / "matmul_tpu_jax.json").read_text())
+    record.update(device_name="8 x TPU v5 lite", framework="jax")
+    (tmp_path / "benchmarks" / "matmul_tpu_jax.json").write_text(json.dumps(record))
+    _matmul(tmp_path, "matmul_gpu.json", 0.000512, 0.0123)
+    rows = records.matmul_table(tmp_path, reference=None).splitlines()
+    assert rows[2] == "| Tesla T4 | 0.000512 | 0.0123 | matmul_gpu.json in the runs folder |"
+    assert rows[3] == ("| 8 x TPU v5 lite, JAX | 0.25 | 0.0012 | matmul_tpu_jax.json in the "
+                       "runs folder |")
 
 
 def test_the_losses_numbers_come_from_the_committed_record(tmp_path):

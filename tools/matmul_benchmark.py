@@ -5,6 +5,8 @@
     python tools/matmul_benchmark.py --device tpu            # all TPU cores
     python tools/matmul_benchmark.py --device tpu --rehearse 8 --repeats 3
     python tools/matmul_benchmark.py --json outputs/matmul_cpu.json
+    KERAS_BACKEND=jax python tools/matmul_benchmark.py        # timed by JAX, on the CPU
+    KERAS_BACKEND=jax python tools/matmul_benchmark.py --device tpu --rehearse 8
 
 The operation is the article's: w (1024, 512, 16) @ x (1024, 16, 512) + b
 (1024, 512, 512). The matmul is 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the
@@ -21,6 +23,14 @@ and the first call also pays for set-up. Here the op is compiled once, run a
 few times to warm up, then timed over many repetitions, each waiting for the
 device to finish (`tf.test.experimental.sync_devices()`, or fetching a value)
 before the clock stops. The naive single timing is shown beside it.
+
+Who times it is chosen as train_tpu.py chooses its route (runtime.tpu_route):
+TensorFlow, the article's, unless KERAS_BACKEND=jax asks for JAX, or --device
+tpu finds a TPU with jax and no tensorflow-tpu (Colab's and Kaggle's TPUs,
+where TensorFlow cannot reach the chips). JAX runs `jax.numpy.matmul(w, x) + b`,
+compiled ahead of the clock, its batch split over the devices (a TPU's, or N
+JAX CPU devices for --rehearse N), each call timed until
+`block_until_ready()` returns. The record's "framework" says which one timed it.
 
 Every peak printed is an upper bound, summed over all the devices the run
 used (a MirroredStrategy over 4 GPUs or 8 TPU cores splits the batch over
@@ -40,17 +50,51 @@ import time
 # `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
 # add the root so that pyimagesearch imports
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import runtime, tpu_runtime  # noqa: E402
 
-from pyimagesearch import tpu_runtime  # noqa: E402
 
-if __name__ == "__main__" and tpu_runtime.flag_value(sys.argv[1:], "--device") == "tpu":
-    tpu_runtime.prepare(sys.argv[1:])  # a TPU v5e or v6e: before TensorFlow is imported
+def choose_framework(argv, environ=None, host=None):
+    """"jax" or "tensorflow": who times the op, chosen before either is imported.
+
+    As train_tpu.py chooses its route (runtime.tpu_route): KERAS_BACKEND=jax
+    asks for JAX on any --device; unset, --device tpu on a TPU with jax and no
+    tensorflow-tpu (Colab's and Kaggle's images) takes JAX too. Anything else
+    is TensorFlow's, as before: another KERAS_BACKEND is set aside in one line,
+    and a TPU run gets TensorFlow's TPU runtime (tpu_runtime.prepare, before
+    TensorFlow's import). `environ`, `host`: stand-ins for tests.
+    """
+    own = environ is None
+    environ = os.environ if own else environ
+    asked, device = environ.get(runtime.ENV), tpu_runtime.flag_value(argv, "--device")
+    if asked != "jax" and not (asked is None and device == "tpu" and runtime.tpu_route(
+            {}, runtime.detect() if host is None else host) == "jax"):
+        runtime.tensorflow(None if own else environ)
+        if device == "tpu":
+            tpu_runtime.prepare(argv, None if own else environ, host)
+        return "tensorflow"
+    if device == "tpu":  # KERAS_BACKEND=jax; N JAX CPU devices for a rehearsal, else the TPU
+        tpu_runtime.prepare(argv, None if own else environ, host)
+        return "jax"
+    if own:
+        runtime.process()
+    environ[runtime.ENV] = "jax"
+    devices = tpu_runtime.flag_value(argv, tpu_runtime.REHEARSE_FLAG)
+    if tpu_runtime.rehearses(argv) and devices and devices.isdigit() and int(devices) >= 1:
+        runtime.rehearse_on_jax(environ, int(devices))
+    else:  # the CPU only: JAX then starts no TPU or GPU runtime, and leaves them alone
+        environ.setdefault(runtime.JAX_PLATFORMS_ENV, "cpu")
+    return "jax"
+
+
+if __name__ == "__main__":
+    FRAMEWORK = choose_framework(sys.argv[1:])
+else:  # imported (the tests): TensorFlow's, as every other tool
+    runtime.tensorflow()
+    FRAMEWORK = "tensorflow"
 
 from pyimagesearch import cli  # noqa: E402
 from pyimagesearch.files import check_output_file  # noqa: E402
-from pyimagesearch.errors import UserError  # noqa: E402
+from pyimagesearch.errors import UserError, first_line  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -318,14 +362,11 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
 
     from pyimagesearch import strategies
 
-    if dtype == "float16" and (device != "gpu" or rehearse):
-        raise UserError("--dtype float16 is for GPUs; use bfloat16 on CPU and TPU")
+    check_request(device, dtype, rehearse)
     strategy = strategies.for_device(device, rehearse=rehearse, tpu=tpu)
     tf_dtype = tf.as_dtype(dtype)
     replicas = strategy.num_replicas_in_sync
-    if SHAPES["w"][0] % replicas:
-        raise UserError(f"the batch of {SHAPES['w'][0]} does not split over "
-                        f"{replicas} replicas")
+    split_batch(replicas)
 
     with strategy.scope():
         def make(name, seed):
@@ -349,25 +390,127 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
         return strategy.run(lambda r: r[0, 0, 0], args=(result,))
 
     seconds = timed_calls(strategy, step, (w, x, b), warmup + repeats)
-    stats = summarize(seconds, warmup)
-    flops = matmul_flops()
-    moved = bytes_moved(tf_dtype.size)
-    batch, m, _ = SHAPES["w"]
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     cpus = usable_cpus()
     name, peaks = device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus)
+    return {"device": device, "device_name": name, "rehearsal": bool(rehearse),
+            "replicas": replicas, "dtype": dtype, "tf32_enabled": tf32,
+            **figures(tf_dtype.size, naive, seconds, warmup, cpus), **peaks,
+            "framework": "tensorflow", "tensorflow_version": tf.__version__}
+
+
+def figures(item_size, naive, seconds, warmup, cpus):
+    """What both frameworks' runs report: the machine, the counts, the times and rates."""
+    stats = summarize(seconds, warmup)
+    flops = matmul_flops()
+    moved = bytes_moved(item_size)
+    batch, m, _ = SHAPES["w"]
     return {
-        "device": device, "device_name": name, "rehearsal": bool(rehearse),
-        "replicas": replicas, "dtype": dtype, "tf32_enabled": tf32,
         "cpu_model": cpu_model(), "cpus_usable": len(cpus),
-        "flops": flops, "output_bytes": batch * m * SHAPES["x"][2] * tf_dtype.size,
+        "flops": flops, "output_bytes": batch * m * SHAPES["x"][2] * item_size,
         "bytes_moved": moved,
         "naive_seconds": naive, "seconds": stats,
         "tflops": flops / stats["median"] / 1e12,
         "gb_per_second": moved / stats["median"] / 1e9,
         "naive_tflops": flops / naive / 1e12,
-        **peaks, "tensorflow_version": tf.__version__,
     }
+
+
+def check_request(device, dtype, rehearse):
+    """The requests neither framework takes: one line (UserError)."""
+    if dtype == "float16" and (device != "gpu" or rehearse):
+        raise UserError("--dtype float16 is for GPUs; use bfloat16 on CPU and TPU")
+
+
+def split_batch(replicas):
+    """The batch of matrices splits evenly over `replicas`, or one line (UserError)."""
+    if SHAPES["w"][0] % replicas:
+        raise UserError(f"the batch of {SHAPES['w'][0]} does not split over "
+                        f"{replicas} replicas")
+
+
+def jax_devices(device, rehearse, tpu):
+    """The JAX devices the batch is split over: N CPU devices for a rehearsal, one CPU
+    device for --device cpu, every TPU device for --device tpu; else one line."""
+    import jax  # lazy: only the JAX route has, or needs, jax
+
+    if tpu:
+        raise UserError("--tpu: JAX finds this machine's TPU itself; leave --tpu out, or "
+                        "time a TPU by name with KERAS_BACKEND=tensorflow")
+    if device == "gpu" and not rehearse:
+        raise UserError("--device gpu is timed with TensorFlow here: run with "
+                        "KERAS_BACKEND=tensorflow")
+    try:
+        devices = jax.devices("cpu" if rehearse or device == "cpu" else None)
+    except RuntimeError as error:  # JAX_PLATFORMS names no CPU, or a TPU that cannot start
+        raise UserError(f"JAX could not start its devices: {first_line(error)}") from None
+    if device == "tpu" and not rehearse and devices[0].platform != "tpu":
+        from pyimagesearch import jax_route  # the line train_tpu.py says without a TPU
+        from pyimagesearch.terminal import native_stderr_quiet
+
+        names = [f"{found.platform}:{found.id}" for found in devices]
+        with native_stderr_quiet((UserError,)):  # TensorFlow's look for a GPU logs errors
+            raise UserError(f"no TPU for JAX: {jax_route.found(names)}; use --rehearse 8 "
+                            "to rehearse on 8 JAX CPU devices")
+    wanted = rehearse or (1 if device == "cpu" else len(devices))
+    if len(devices) < wanted:
+        raise UserError(f"cannot rehearse on {wanted} JAX CPU devices: JAX started with "
+                        f"{len(devices)} (JAX_NUM_CPU_DEVICES is read when JAX starts; "
+                        "this tool sets it for --rehearse)")
+    return devices[:wanted]
+
+
+def jax_timed_calls(step, args, count):
+    """Seconds of each of `count` calls of `step(*args)`, each until the device is done."""
+    seconds = []
+    for _ in range(count):
+        start = time.perf_counter()
+        result = step(*args)
+        result.block_until_ready()  # JAX dispatches asynchronously: wait for the result
+        seconds.append(time.perf_counter() - start)
+        del result  # 1 GiB: not held while the next call makes its own
+    return seconds
+
+
+def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
+                      tpu=None):
+    """Time the article's op with jax.numpy; return a dict of figures (run_benchmark's)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    check_request(device, dtype, rehearse)
+    devices = jax_devices(device, rehearse, tpu)
+    split_batch(len(devices))
+    # each device holds its slice of the 1024 batch (TPUStrategy's split, in JAX's terms)
+    sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+
+    def make(name, seed):  # made on the devices, never whole on the host
+        return jax.jit(lambda: jax.random.normal(jax.random.key(seed), SHAPES[name],
+                                                 jnp.dtype(dtype)), out_shardings=sharding)()
+    w, x, b = make("w", 1), make("x", 2), make("b", 3)
+
+    # the article's way: one eager call, clock stopped without waiting
+    start = time.perf_counter()
+    output = jnp.matmul(w, x) + b
+    naive = time.perf_counter() - start
+    output.block_until_ready()
+    del output
+
+    # compiled before the clock starts (jit's lower and compile: jax 0.7.2's AOT API)
+    step = jax.jit(lambda w, x, b: jnp.matmul(w, x) + b).lower(w, x, b).compile()
+    seconds = jax_timed_calls(step, (w, x, b), warmup + repeats)
+    cpus = usable_cpus()
+    name, peaks = device_name_and_peaks(device, dtype, rehearse, len(devices), False, cpus)
+    if device == "tpu" and not rehearse:
+        name = f"{len(devices)} x {devices[0].device_kind}"  # "8 x TPU v5 lite"
+    return {"device": device, "device_name": name, "rehearsal": bool(rehearse),
+            "replicas": len(devices), "dtype": dtype, "tf32_enabled": None,
+            **figures(jnp.dtype(dtype).itemsize, naive, seconds, warmup, cpus), **peaks,
+            "framework": "jax", "jax_version": jax.__version__,
+            "jaxlib_version": runtime.installed_version("jaxlib"),
+            "libtpu_version": runtime.installed_version("libtpu")}
 
 
 def report(result):
@@ -376,7 +519,8 @@ def report(result):
     peak, bandwidth = result["peak_tflops"], result["memory_gb_per_second"]
     lines = [
         f"device: {result['device_name']} ({result['replicas']} replica(s)), "
-        f"{result['dtype']}, TensorFlow {result['tensorflow_version']}",
+        f"{result['dtype']}, " + (f"JAX {result['jax_version']}" if result.get("framework")
+                                  == "jax" else f"TensorFlow {result['tensorflow_version']}"),
         f"naive (article's way: first call, no wait): {result['naive_seconds']:.6f} s"
         f"  -> would be {result['naive_tflops']:.3g} TFLOP/s",
         f"measured: median {s['median']:.6f} s over {s['repetitions']} runs "
@@ -415,8 +559,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.json:
         check_output_file(args.json)  # before the run, not after it
-    result = run_benchmark(args.device, args.dtype, args.repeats, args.warmup,
-                           args.rehearse, args.tpu)
+    timer = run_jax_benchmark if FRAMEWORK == "jax" else run_benchmark
+    result = timer(args.device, args.dtype, args.repeats, args.warmup, args.rehearse, args.tpu)
     print(report(result))
     if args.json:
         from pyimagesearch.files import publish_json

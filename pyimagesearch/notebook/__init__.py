@@ -37,6 +37,8 @@ CHANGE_RUNTIME = {
     "local": "run it on a machine with {kind}",
 }
 KINDS = {"gpu": "a GPU (T4)", "tpu": "a TPU (v5e)"}
+# times the matmul with JAX where train_tpu.py would train on JAX (its choose_framework)
+CHOOSES_ITS_FRAMEWORK = "matmul_benchmark.py"
 
 
 class NotebookStop(Exception):
@@ -189,10 +191,12 @@ def script_environment(script=None):
     Without the kernel's TPU_LOAD_LIBRARY=0 (runtime): each script decides
     for itself, and only the TPU run lets TensorFlow load libtpu.
     train_tpu.py chooses its own backend (JAX on a JAX TPU image:
-    runtime.py); the others are TensorFlow's.
+    runtime.py), and tools/matmul_benchmark.py its framework the same way;
+    the others are TensorFlow's.
     """
     environ = without_our_hold(dict(os.environ))
-    if script and chooses_backend(os.path.basename(script)):  # train_tpu.py
+    if script and (chooses_backend(os.path.basename(script))  # train_tpu.py
+                   or os.path.basename(script) == CHOOSES_ITS_FRAMEWORK):
         environ.pop("KERAS_BACKEND", None)  # an image's KERAS_BACKEND=jax is not a choice
     else:  # JAX-first TPU images set KERAS_BACKEND=jax; these scripts are TensorFlow's
         environ["KERAS_BACKEND"] = "tensorflow"
@@ -264,23 +268,25 @@ def matmul_wanted(host, device="auto", setting="auto", version_of=installed_vers
     this repository's CPU record beside the article's instead.
     """
     if setting and matmul_device(host, device) == "tpu" and jax_route(host, version_of):
-        # the benchmark is TensorFlow's, and on a JAX image TensorFlow has no TPU
-        print("[INFO] the matmul is not timed on this TPU: tools/matmul_benchmark.py is "
-              "TensorFlow's, and this image's TPU is JAX's (tensorflow-cpu reads the data)")
-        return False
+        # tools/matmul_benchmark.py chooses JAX here itself, as train_tpu.py does
+        print("[INFO] the matmul is timed with JAX's jax.numpy on this TPU: this image's TPU "
+              "is JAX's (tensorflow-cpu, which reads the data, cannot reach it)")
     if setting == "auto":
         return matmul_device(host, device) != "cpu"
     return bool(setting)
 
 
-def matmul_record(device, folder):
+def matmul_record(device, folder, host=None, version_of=installed_version):
     """Where the matmul timing on `device` goes: `folder`/benchmarks/matmul_<device>.json.
 
     A GPU or TPU runtime's CPU gets the runtime in its name
-    (matmul_cpu_gpu-runtime.json): its timing is not the CPU runtime's.
+    (matmul_cpu_gpu-runtime.json): its timing is not the CPU runtime's. A TPU
+    timed with JAX (`host` a JAX TPU image) gets `_jax`, as its runs do
+    (matmul_tpu_jax.json beside a TensorFlow TPU's matmul_tpu.json).
     """
-    return os.path.join(folder, "benchmarks",
-                        f"matmul_{device}{runtime_suffix(device == 'cpu')}.json")
+    jax = device == "tpu" and host is not None and jax_route(host, version_of)
+    return os.path.join(folder, "benchmarks", f"matmul_{device}{'_jax' if jax else ''}"
+                                              f"{runtime_suffix(device == 'cpu')}.json")
 
 
 def say_tpu_cores(host):

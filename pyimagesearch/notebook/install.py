@@ -78,9 +78,10 @@ def install_commands(host, repo=".", version_of=installed_version):
     fit gets tensorflow[and-cuda], as TensorFlow's install guide says for
     Linux, so that it finds the GPU. Where another TensorFlow build sits in
     place of this runtime's or beside it, every build installed is
-    uninstalled first and this runtime's installed afresh: Colab's TPU image
-    carries tensorflow, Kaggle's tensorflow-cpu, and either would share
-    tensorflow-tpu's files.
+    uninstalled first and this runtime's installed afresh: a tensorflow or
+    tensorflow-cpu beside tensorflow-tpu would share its files. (Colab's TPU
+    image has no TensorFlow and Kaggle's has tensorflow-cpu 2.20.0: both take
+    the JAX route, where nothing is uninstalled; tests/data/runtimes.)
     """
     path = _requirements_file(host, repo, version_of)
     specs = _requirements(path)
@@ -115,11 +116,14 @@ def requirement_name(spec):
 def jax_note(host, repo=".", version_of=installed_version, requires_of=_installed_requires):
     """One line if the libtpu requirements-tpu.txt pins is not one this image's JAX runs with.
 
-    JAX-first TPU images (Colab's) carry the libtpu their JAX was built for,
-    and JAX's `tpu` extra names it (jax 0.7.2: libtpu==0.0.23). TensorFlow
-    2.20 needs libtpu 0.0.18, one libtpu per environment: installing it
-    leaves JAX without a TPU runtime until the runtime starts afresh. Where
-    JAX's metadata names no libtpu, the line says JAX may not work.
+    JAX-first TPU images carry the libtpu their JAX was built for (Colab's
+    jax 0.7.2 with libtpu 0.0.21.1, Kaggle's libtpu 0.0.17: tests/data/runtimes),
+    and JAX's `tpu` extra names it. requirements-tpu.txt pins the libtpu
+    tensorflow-tpu 2.19.1 pins itself (0.0.10), one libtpu per environment:
+    installing it leaves JAX without a TPU runtime until the runtime starts
+    afresh. Those images take the JAX route and never get requirements-tpu.txt;
+    this line is for another TPU with JAX installed. Where JAX's metadata names
+    no libtpu, the line says JAX may not work.
     '' where JAX is not installed, or libtpu is already the pinned one.
     """
     pinned = [Requirement(spec) for spec in _requirements(

@@ -38,7 +38,8 @@ def matmul_table(folder, article=ARTICLE_MATMUL, reference=MATMUL_RECORD, repo="
             record = json.loads(path.read_text())
             naive, median = record["naive_seconds"], record["seconds"]["median"]
             where = record["device_name"] + (" (a rehearsal)" if record.get("rehearsal")
-                                             else "")
+                                             else "") + (
+                ", JAX" if record.get("framework") == "jax" else "")  # timed with jax.numpy
         except (OSError, ValueError, KeyError, TypeError):
             rows.append(f"| {path.name} | | | unreadable: skipped |")
             continue
