@@ -21,10 +21,8 @@ a Kaggle GPU runtime with a folder of stand-in files; a process started
 with PYIMAGESEARCH_HOST_ROOT=FOLDER reads its machine from that folder
 instead of / (how the tests start train_tpu.py on a stand-in v5e).
 
-Also here:
-- Whether a host on the internet answers, asked as a download would ask it; no TensorFlow.
-- What a process of this repository sets up before TensorFlow loads: one explicit call.
-- Which Keras backend a script runs on, chosen before Keras is imported.
+Also here: whether a host on the internet answers (no TensorFlow); what a
+process sets up before TensorFlow loads; which Keras backend a script runs on.
 """
 import base64
 import dataclasses
@@ -312,42 +310,28 @@ def _through_proxy(proxy, host, port, timeout):
 # which tensorflow-tpu's import calls (tensorflow/core/tpu/tpu_api_dlsym_initializer.cc)
 
 # --- What a process of this repository sets up before TensorFlow loads: one explicit call -----
-# Importing `pyimagesearch` changes nothing. Each script and tool makes one
-# marked call in its first lines instead, before anything imports TensorFlow
-# or Keras: `backend.tensorflow()` (train_cpu.py, train_gpu.py, compare.py,
-# the tools) or `tpu_runtime.prepare(argv)` (train_tpu.py). Both start with
-# `process()`:
-#
-# - a closed stdin, stdout or stderr (`>&-`) gets /dev/null, so that no file
-#   opened later takes its number and receives what is printed;
-# - TensorFlow's C++ INFO lines ("Memory patch applied ..." each time a
-#   strategy feeds its devices) are left out: TF_CPP_MIN_LOG_LEVEL=1, unless
-#   set, or unless PYIMAGESEARCH_VERBOSE_TF asks for everything;
-# - TensorFlow's first import, whichever module makes it, keeps its C++
-#   start-up notices off the terminal (an import hook: base/terminal.py);
-# - TPU_LOAD_LIBRARY=0, unless set (`leave_the_tpu_alone`): tensorflow-tpu's
-#   import loads libtpu, takes the TPU's lock and initialises it in any
-#   process, so a rehearsal, train_cpu.py, compare.py or TensorBoard would hold
-#   the chips the TPU run needs. The TPU run takes it back out
-#   (tpu_runtime.prepare), and so does a run of Keras on JAX, whose own libtpu
-#   reads it too. The processes a script starts inherit it.
+# Importing `pyimagesearch` changes nothing. Each script and tool makes one marked call
+# first, before TensorFlow or Keras loads: `runtime.tensorflow()` (train_cpu.py,
+# train_gpu.py, compare.py, the tools) or `tpu_runtime.prepare(argv)` (train_tpu.py).
+# Both start with `process()`: a closed stdin, stdout or stderr gets /dev/null (no file
+# opened later takes its number); TF_CPP_MIN_LOG_LEVEL=1 unless set (TensorFlow's C++
+# INFO lines left out; PYIMAGESEARCH_VERBOSE_TF keeps everything); TensorFlow's first
+# import keeps its start-up notices off the terminal (terminal.py's import hook); and
+# TPU_LOAD_LIBRARY=0 unless set (`leave_the_tpu_alone`): tensorflow-tpu's import takes
+# the TPU's lock in any process, so a rehearsal, compare.py or TensorBoard would hold the
+# chips the TPU run needs; the TPU run and Keras on JAX take it back out (prepare).
 LOAD_LIBRARY = "TPU_LOAD_LIBRARY"
 OURS = "PYIMAGESEARCH_TPU_LOAD_LIBRARY"  # "0": the TPU_LOAD_LIBRARY=0 beside it is this package's
 
 
 @dataclasses.dataclass
 class ProcessRecord:
-    """What this process did that a later step of it must know, with nothing in between
-    to hand it on: the module's one state (`this_process`).
-    """
+    """What this process did that a later step must know: the module's one state."""
 
     tpu_runtime: str | None = None  # what tpu_runtime.prepare did, in words; None: not called
-    # the folders whose new outputs this process has put in place (files.publish): what
-    # exits.py's last line says is on disk
+    # the folders files.publish put new outputs in (exits.py's last line says so)
     published: list = dataclasses.field(default_factory=list)
-    # the collective-noise filter's process and the real stderr, from its start
-    # (strategies.multi_worker) to the process's end (exits.py)
-    noise_filter: object = None
+    noise_filter: object = None  # the collective-noise filter: strategies.py to exits.py
 
 
 this_process = ProcessRecord()
@@ -387,23 +371,14 @@ def without_our_hold(environ):
 
 
 # --- Which Keras backend a script runs on, chosen before Keras is imported --------------------
-# Keras 3 reads KERAS_BACKEND once, at its first import. train_cpu.py,
-# train_gpu.py and the tools are TensorFlow's (tf.distribute strategies, its
-# device set-up): `tensorflow()` sets the variable for them, and says so in one
-# line when the environment asked for another backend (JAX-first TPU images
-# set KERAS_BACKEND=jax); it first makes the process's set-up (`process`, above).
-# train_tpu.py has two routes, and `tpu_runtime.prepare` picks one with
-# `tpu_route`:
-#
-# - "jax": Keras on JAX, `keras.distribution.DataParallel` over the TPU's
-#   chips; what Colab's and Kaggle's TPU images are built for (they ship
-#   jax[tpu] and no TensorFlow that can reach the TPU);
-# - "tensorflow": the article's TPUStrategy (tensorflow-tpu 2.19.1 on a Cloud
-#   TPU VM: docs/tpus.md).
-#
-# KERAS_BACKEND=jax or tensorflow chooses; unset, a TPU machine where JAX is
-# installed and tensorflow-tpu is not takes "jax", anything else "tensorflow".
-# Nothing here imports Keras, JAX or TensorFlow.
+# Keras 3 reads KERAS_BACKEND once, at its first import. train_cpu.py, train_gpu.py and
+# the tools are TensorFlow's: `tensorflow()` sets the variable for them (one line when the
+# environment asked for another), after `process()`. train_tpu.py has two routes, and
+# `tpu_runtime.prepare` picks one with `tpu_route`: "jax", Keras on JAX (DataParallel over
+# the chips: what Colab's and Kaggle's TPU images are built for), or "tensorflow", the
+# article's TPUStrategy (tensorflow-tpu 2.19.1 on a Cloud TPU VM: docs/tpus.md).
+# KERAS_BACKEND chooses; unset, a TPU machine with JAX and without tensorflow-tpu takes
+# "jax", anything else "tensorflow". Nothing here imports Keras, JAX or TensorFlow.
 
 
 ENV = "KERAS_BACKEND"
