@@ -77,7 +77,7 @@ def refuse_levers(settings, host=None):
     """What Keras on JAX cannot do here yet: one line, before any training, with what works
     on `host` (None: this machine) instead."""
     refused = [flag for flag, asked in (
-        ("--jit-compile", settings.jit_compile)) if asked]
+        ("--jit-compile", settings.jit_compile),) if asked]
     if refused:
         raise UserError(
             f"{', '.join(refused)}: not on Keras' JAX backend (JAX compiles every step "

@@ -155,9 +155,9 @@ def test_the_jax_routes_lines_carry_the_build():
 @pytest.mark.parametrize("host, place", [(COLAB_TPU, "Colab"), (KAGGLE_TPU, "Kaggle")])
 def test_on_a_jax_tpu_image_a_refused_lever_points_to_what_works_there(host, place):
     with pytest.raises(UserError) as refused:
-        jax_route.refuse_levers(Settings(backup_dir="backups"), host)
+        jax_route.refuse_levers(Settings(jit_compile=True), host)
     said = str(refused.value)
-    assert said.startswith("--backup-dir: not on Keras' JAX backend")
+    assert said.startswith("--jit-compile: not on Keras' JAX backend")
     assert said.endswith(f"on {place}'s TPU only Keras on JAX reaches the chips (TensorFlow's "
                          "TPU route needs tensorflow-tpu, which would replace JAX's libtpu): "
                          "leave the flag out, or rehearse on TensorFlow's route: "
@@ -168,7 +168,7 @@ def test_on_a_jax_tpu_image_a_refused_lever_points_to_what_works_there(host, pla
 @pytest.mark.parametrize("host", [PLAIN, CLOUD_TPU_VM, COLAB_GPU])
 def test_elsewhere_a_refused_lever_points_to_tensorflows_route(host):
     with pytest.raises(UserError, match=r"; run with KERAS_BACKEND=tensorflow$"):
-        jax_route.refuse_levers(Settings(loop="custom"), host)
+        jax_route.refuse_levers(Settings(jit_compile=True), host)
 
 
 def test_on_a_jax_tpu_image_tensorflows_tpu_route_is_refused_before_it_starts(monkeypatch):
