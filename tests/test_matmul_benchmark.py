@@ -12,7 +12,7 @@ import pytest
 
 import matmul_benchmark
 
-from pyimagesearch import runtime, tpu_runtime
+from pyimagesearch import runtime
 from pyimagesearch.errors import UserError
 from pyimagesearch.runtime import Host
 
@@ -227,7 +227,7 @@ def test_a_bad_flag_is_one_line_and_status_2(monkeypatch, capsys, argv):
 
 def _chosen(monkeypatch, argv, environ, host):
     """matmul_benchmark.choose_framework on stand-ins: the framework and the environment."""
-    monkeypatch.setattr(tpu_runtime, "prepared", None)  # prepare's note of this process
+    monkeypatch.setattr(runtime.this_process, "tpu_runtime", None)  # prepare's note of this process
     return matmul_benchmark.choose_framework(argv, environ, host), environ
 
 
