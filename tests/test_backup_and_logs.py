@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import train_cpu
 from conftest import earlier_outputs, one_line, output_files, outputs_name, outputs_state
 
+from pyimagesearch import backup as backup_module
 from pyimagesearch import outputs
 from pyimagesearch.errors import Preempted, UserError
 
@@ -90,21 +91,28 @@ def test_a_backup_of_another_run_is_refused(tmp_path):
 
 # --- a backup that cannot be used: one line, and the backup left in place ------------
 
-@pytest.fixture(scope="module")
-def _one_left_backup(tmp_path_factory):
-    """The backup folder of a 1-epoch run whose outputs could not be written, made once."""
-    folder = tmp_path_factory.mktemp("left")
-
+def backup_left_by_a_failed_write(folder, backup_class=None):
+    """FOLDER/backup: the backup of a 1-epoch train_cpu.py run whose outputs could not be
+    written (the disk full as they were), kept by `backup_class` (None: the package's own)."""
     def no_disk(*args, **kwargs):
         raise OSError("disk full")
 
     with pytest.MonkeyPatch.context() as patch:
+        if backup_class is not None:
+            patch.setattr(backup_module, "Backup", backup_class)
         patch.setattr(outputs.RunOutputs, "__enter__", no_disk)
         with pytest.raises(OSError, match="disk full"):
             train_cpu.main(TINY + ["--backup-dir", str(folder / "backup"),
                                    "--output-dir", str(folder / "out")])
-    assert (folder / "backup" / "checkpoints").is_dir()
     return folder / "backup"
+
+
+@pytest.fixture(scope="module")
+def _one_left_backup(tmp_path_factory):
+    """The backup folder of a 1-epoch run whose outputs could not be written, made once."""
+    left = backup_left_by_a_failed_write(tmp_path_factory.mktemp("left"))
+    assert (left / "checkpoints").is_dir()
+    return left
 
 
 @pytest.fixture

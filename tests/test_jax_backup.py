@@ -25,6 +25,7 @@ import pytest
 
 import train_cpu
 from conftest import REPO, outputs_name
+from test_backup_and_logs import backup_left_by_a_failed_write
 
 from pyimagesearch import backup, outputs
 from pyimagesearch.errors import UserError
@@ -196,18 +197,8 @@ def test_a_checkpoint_json_that_is_not_json_is_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def _one_keras_backup(tmp_path_factory):
     """A KerasBackup folder of a 1-epoch run whose outputs could not be written, made once."""
-    folder = tmp_path_factory.mktemp("keras_backup")
-
-    def no_disk(*args, **kwargs):
-        raise OSError("disk full")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(backup, "Backup", backup.KerasBackup)
-        patch.setattr(outputs.RunOutputs, "__enter__", no_disk)
-        with pytest.raises(OSError, match="disk full"):
-            train_cpu.main(TINY + ["--backup-dir", str(folder / "backup"),
-                                   "--output-dir", str(folder / "out")])
-    return folder / "backup"
+    return backup_left_by_a_failed_write(tmp_path_factory.mktemp("keras_backup"),
+                                         backup.KerasBackup)
 
 
 @pytest.fixture
