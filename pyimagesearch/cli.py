@@ -173,8 +173,9 @@ FLAGS = (
      lambda device: "scale the learning rate with the global batch over "
                     f"{written('BATCH_SIZE')} (default %(default)s)", EVERY_DEVICE, None),
     ("--loop", LOOPS, "fit",
-     "model.fit, or the explicit custom loop with tf.nn.compute_average_loss "
-     "(default %(default)s)", EVERY_DEVICE, None),
+     "model.fit, or the explicit custom loop, its loss the mean over the global batch "
+     "(tf.nn.compute_average_loss; on JAX a jax.value_and_grad step) (default "
+     "%(default)s)", EVERY_DEVICE, None),
     ("--precision", PRECISIONS, "float32",
      lambda device: "compute precision (default %(default)s, the article's): mixed_float16 "
                     "for NVIDIA GPUs with tensor cores (with loss scaling), mixed_bfloat16 "

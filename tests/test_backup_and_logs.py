@@ -36,7 +36,8 @@ def _start(repo, args):
 
 
 @pytest.mark.tf_versions
-@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
+@pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_killed_run_resumes_from_its_backup(repo, tmp_path, in_process, loop):
     args = SHORT + ["--epochs", "4", "--loop", loop, "--backup-dir", str(tmp_path / "backup"),
                     "--output-dir", str(tmp_path / "out")]
@@ -175,6 +176,7 @@ def test_a_broken_backup_is_one_line_and_left_in_place(left_backup, damage, comp
     assert "ERROR" not in capfd.readouterr().err  # TensorFlow said nothing of its own
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_rerun_after_a_failed_save_writes_the_trained_model(left_backup, tmp_path):
     import keras
     import numpy as np
@@ -217,6 +219,7 @@ def _preempted_mid_epoch_2(tmp_path, monkeypatch, epochs, steps):
     return args
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_run_resumed_mid_epoch_counts_every_step_it_trains(tmp_path, monkeypatch):
     # fit trains the rest of a part-trained epoch in a call of its own: the
     # steps of both calls must reach the backup, or a later resume retrains
@@ -412,6 +415,7 @@ def test_tensorboard_serves_the_logged_tags(tmp_path):
     assert "reconstructions" in images[f"{run}/validation"]
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_tensorboard_counts_epochs_from_1_as_the_log_does_and_a_rerun_starts_afresh(tmp_path):
     # logs/NAME, as docs/notebook.md says; a rerun of the same run gets a folder of its
     # own beside the first, so its curves never double back over the earlier ones

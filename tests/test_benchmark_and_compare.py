@@ -317,6 +317,7 @@ def test_a_record_without_flags_shows_its_commands_flags_but_for_folders():
     assert compare.run_runtime(record) == "not recorded"
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_compare_at_200_runs_loads_only_the_figures_models_and_warns_nothing(
         tiny_runs, tmp_path, capsys, monkeypatch):
     # a notebook that keeps its runs gathers many: the figure draws the latest few,

@@ -29,6 +29,7 @@ def tiny_mnist(tmp_path, monkeypatch):
     return data_dir
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_short_benchmark_writes_consistent_figures(tiny_mnist, tmp_path, capsys):
     out_file = tmp_path / "out" / "pipeline.json"
     benchmark_pipeline.main(["--data-dir", str(tiny_mnist), "--steps", "3",
@@ -77,6 +78,7 @@ def test_benchmark_profile_dir_that_is_a_file_is_one_line(tmp_path):
                                  str(blocker / "profile")])
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_the_floor_benchmark_writes_the_epoch_to_floor_ratio(tmp_path):
     out = tmp_path / "floor.json"
     benchmark_pipeline.main(["--floor", "--steps", "3", "--trials", "2", "--json", str(out)])

@@ -113,6 +113,7 @@ def _weights(path):
     return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
     # Vertex AI's worker pools 0 and 1: a chief and a worker. The worker is
     # given folders of its own, so anything it wrote would show.

@@ -151,6 +151,7 @@ def test_no_accelerator_fails_fast_with_one_line(in_process, tmp_path, script, h
     assert (tmp_path / figure).read_text() == "earlier"
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_uneven_validation_on_three_replicas_is_the_exact_mean(tmp_path, loop):
     # 500 validation digits, a global batch of 498 over 3 replicas: the last
@@ -178,6 +179,7 @@ def test_a_tpu_runs_a_whole_epoch_per_execution():
     assert plan.steps_per_execution == plan.steps_per_epoch == 58  # not 2 x 29
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_config_edits_change_the_tpu_run(tmp_path, monkeypatch):
     # a reader edits config.py, as the article suggests for the blur
     monkeypatch.setattr(config, "TPU_BATCH_SIZE", 64)

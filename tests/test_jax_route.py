@@ -167,6 +167,7 @@ def test_the_jax_rehearsal_trains_on_8_devices_and_writes_its_outputs(repo, tmp_
     assert list((tmp_path / "logs").iterdir())  # TensorBoard's logs, on JAX too
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_on_jax_with_no_tpu_one_line_says_what_was_found(repo, tmp_path):
     done = subprocess.run([sys.executable, "train_tpu.py", *TINY, "--output-dir",
                            str(tmp_path)], cwd=repo, env=_jax_env(), capture_output=True,
@@ -180,6 +181,7 @@ def test_on_jax_with_no_tpu_one_line_says_what_was_found(repo, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_on_jax_jit_compile_is_refused_before_training(repo, tmp_path):
     done = subprocess.run([sys.executable, "train_tpu.py", *TINY, "--rehearse", "2",
                            "--jit-compile", "--output-dir", str(tmp_path)], cwd=repo,

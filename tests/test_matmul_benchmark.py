@@ -156,6 +156,7 @@ def _run_tool(repo, args, backend="jax", tiny=True):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(repo, tmp_path):
     # KERAS_BACKEND=jax --device tpu --rehearse 8: the route a Colab or Kaggle TPU takes
     # (choose_framework, tpu_runtime.prepare), on 8 JAX CPU devices
@@ -175,6 +176,7 @@ def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(repo, tmp_path):
     assert first.endswith("(8 replica(s)), float32, JAX " + result["jax_version"])
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_without_a_tpu_the_jax_path_says_what_it_found_in_one_line(repo, tmp_path):
     record = tmp_path / "matmul.json"
     done = _run_tool(repo, ["--device", "tpu", "--json", str(record)])

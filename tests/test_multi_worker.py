@@ -206,6 +206,7 @@ def test_a_killed_worker_stops_the_cluster_with_one_line(launch, tmp_path):
     assert not list(tmp_path.glob("*.json"))  # no record, of any name
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_bad_flag_fails_every_worker_and_leaves_no_process(launch):
     run = launch(2, ["--rehearse", "1", "--epochz", "1"])
     status, err = run.finish()

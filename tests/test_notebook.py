@@ -233,6 +233,7 @@ def test_the_notebook_as_committed_runs_on_a_cpu(tmp_path, kernel_env):
     check_a_full_run(notebook, ["cpu", "tpu_rehearsal"], copy)
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_its_cells_can_run_again_and_the_kernel_never_loads_tensorflow(tmp_path, kernel_env):
     copy = fresh_copy(tmp_path / "clone")
     (copy / "burst.py").write_text("for i in range(40):\n    print(f'line {i}')\n")
@@ -267,6 +268,7 @@ ARTICLE_SHAPES = 'SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (10
 TINY_SHAPES = 'SHAPES = {"w": (8, 32, 16), "x": (8, 16, 32), "b": (8, 32, 32)}'
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_the_matmul_is_timed_when_asked(tmp_path, kernel_env):
     # on a CPU runtime the notebook times it only when TIME_MATMUL asks: the run top to
     # bottom does not, and this test runs the Hardware cell that does, on operands small

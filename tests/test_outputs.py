@@ -31,6 +31,7 @@ TINY = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "32",
 TINY_NAME = "cpu_epochs-1_batch-size-32_steps-per-epoch-2_data-source-sample"  # --help's order
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_run_writes_into_a_bucket_like_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     folder = "ram://bucket/runs"

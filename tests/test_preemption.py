@@ -78,7 +78,8 @@ def _assert_same_weights(resumed, uninterrupted):
 
 
 @pytest.mark.tf_versions
-@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
+@pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_sigterm_saves_mid_epoch_and_the_rerun_ends_where_an_uninterrupted_run_does(
         repo, tmp_path, uninterrupted, in_process, loop):
     args = SHORT + ["--loop", loop, "--backup-dir", str(tmp_path / "backup"),
@@ -177,6 +178,7 @@ def test_a_later_run_in_the_same_interpreter_forgets_an_earlier_sigterm(monkeypa
     assert not preemption.terminated()
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_sigterm_without_a_backup_stops_in_one_line_and_keeps_earlier_outputs(
         repo, tmp_path):
     out = tmp_path / "out"
@@ -213,8 +215,8 @@ if how == "after":
 """
 
 
-@pytest.mark.parametrize("how, sig, status", [
-    ("after", "SIGTERM", 143), pytest.param("none", None, 0, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
+@pytest.mark.parametrize("how, sig, status", [("after", "SIGTERM", 143), ("none", None, 0)])
 def test_a_signal_while_an_ended_run_exits_is_one_line_and_its_status(repo, how, sig, status):
     done = subprocess.run([sys.executable, "-c", ENDED_RUN], cwd=repo, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "HOW": how,

@@ -176,6 +176,7 @@ def test_an_unpacked_file_with_a_gz_name_is_read_as_what_it_is(tmp_path):
     assert splits["test"].num_examples == TEST
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_wrong_file_from_the_command_line_is_one_line_and_exit_2(repo, tmp_path):
     contents = _valid_contents(_arrays())
     contents["test_images"] = contents["test_images"][:-1]

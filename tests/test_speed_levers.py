@@ -43,6 +43,7 @@ def _check_run(folder, stem, precision):
     return record, model
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_bfloat16_trains_with_a_float32_output(tmp_path):
     train_cpu.main(SHORT + ["--precision", "mixed_bfloat16", "--output-dir", str(tmp_path)])
     _, model = _check_run(tmp_path, "cpu", "mixed_bfloat16")
@@ -86,6 +87,7 @@ def test_custom_loop_scales_and_unscales_a_float16_loss():
         assert error < 0.05, error  # float16 compute: a few per cent, not 32,768x
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_xla_trains_and_is_recorded(tmp_path):
     train_cpu.main(SHORT + ["--jit-compile", "--output-dir", str(tmp_path)])
     record, _ = _check_run(tmp_path, "cpu", "float32")
@@ -98,6 +100,7 @@ def test_xla_is_refused_on_several_logical_devices(tmp_path):
                                 "--output-dir", str(tmp_path)])
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_redirected_output_has_no_terminal_escapes(repo, tmp_path):
     tiny = ["--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "32",
             "--data-source", "sample"]
@@ -148,7 +151,7 @@ def test_the_levers_benchmark_reports_every_set_up(tmp_path):
     assert result["speedup_over_float32"]["float32"] == 1.0
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(loop):
     # replica 1's half of the batch overflows float16; replica 0's does not.
     # Seeded: whether it overflows depends on the initial weights, which

@@ -104,7 +104,7 @@ def shard_of(folder, images):
     return [owners[image.tobytes()] for image in images]
 
 
-@pytest.mark.parametrize("seed", [3, None])
+@pytest.mark.parametrize("seed", [3, pytest.param(None, marks=pytest.mark.slow)])
 def test_shard_order_differs_between_epochs(tmp_path, small, seed):
     write(tmp_path, small, shards=6)
     # a shuffle buffer of 1 leaves the records in the order the shards give them
@@ -228,7 +228,8 @@ cli.run_main(write_tfrecords.main, args)
 
 # slow: the swap itself is stopped at each of its steps in tests/test_outputs.py
 @pytest.mark.parametrize("how, status, said, holds", [
-    ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
+    pytest.param("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4,
+                 marks=pytest.mark.slow),
     pytest.param("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2,
                  marks=pytest.mark.slow),
     pytest.param("kill", -9, None, None, marks=pytest.mark.slow)])
@@ -413,6 +414,7 @@ def test_a_tiny_training_run_reads_tfrecords(tmp_path, sample):
     assert np.isfinite(record["val_loss"][0])
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_training_run_reads_the_metadata_once(tmp_path, sample, monkeypatch):
     write(tmp_path / "records", sample, shards=2)
     reads = []
@@ -429,6 +431,7 @@ def test_a_training_run_reads_the_metadata_once(tmp_path, sample, monkeypatch):
     assert reads == [str(tmp_path / "records")]  # on gs://, each read is a round trip
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its TFRecords go
     monkeypatch.setattr(config, "TRAIN_IMAGES", 300)

@@ -83,6 +83,7 @@ def test_staged_outputs_replace_only_on_success(tmp_path):
     assert json.loads((tmp_path / "a.json").read_text()) == {"new": 1}
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_bad_flag_is_one_line_and_exit_2_from_a_fresh_process(repo, tmp_path):
     # the other flag tests run in this process; this one also proves that
     # TensorFlow's start-up says nothing on stderr around the one line
@@ -245,6 +246,7 @@ def test_steps_per_execution_divides_the_epoch(steps, expected):
     assert steps_per_execution(steps, limit=16) == expected
 
 
+@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_fit_and_custom_loop_train_the_same_losses(tmp_path):
     histories = {}
     for loop, name in (("fit", ""), ("custom", "_loop-custom")):
@@ -393,7 +395,9 @@ cli.run_main(main, [])
 """
 
 
-@pytest.mark.parametrize("closed", [(1,), (2,), (0, 1, 2)])
+# one closed stream in the default suite; the other two are slow (its budget)
+@pytest.mark.parametrize("closed", [(1,), pytest.param((2,), marks=pytest.mark.slow),
+                                    pytest.param((0, 1, 2), marks=pytest.mark.slow)])
 def test_closed_standard_streams_get_dev_null_and_no_file_takes_their_number(repo, tmp_path,
                                                                             closed):
     # `python train_cpu.py >&-`: a file opened later took fd 1 (and TensorFlow's

@@ -171,7 +171,8 @@ def _release(version):
                 None)
 
 
-@pytest.mark.parametrize("level", ["1", "3"])
+# level 3 is the one that differs between the releases (2.20 is silent there)
+@pytest.mark.parametrize("level", [pytest.param("1", marks=pytest.mark.slow), "3"])
 def test_tensorflows_own_switch_leaves_import_lines_where_the_table_says(repo, level):
     import tensorflow as tf
 
