@@ -16,6 +16,9 @@ import pytest
 from conftest import REPO
 
 pytest.importorskip("jax")  # requirements-dev.txt installs it
+# every test here is slow (the default suite's budget, docs/development.md); CI runs them,
+# and the default suite keeps the JAX route's 8-device rehearsal and its step test
+pytestmark = pytest.mark.slow
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "2", "--data-source", "sample"]
 
@@ -39,7 +42,6 @@ def _step_record(*args):
 
 # --- the JAX step: one SGD step on N devices is one device's -------------------------------
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_the_custom_loops_jax_step_on_n_devices_is_one_devices_fit_step():
     record = _step_record("--loop", "custom", "2:1", "8:8")
     assert (record["backend"], record["loop"]) == ("jax", "custom")
@@ -51,7 +53,6 @@ def test_the_custom_loops_jax_step_on_n_devices_is_one_devices_fit_step():
         assert step["max_difference"] < 1e-3 * record["step_size"], step
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_float16_with_loss_scaling_takes_the_float32_step_on_jax(loop):
     record = _step_record("--loop", loop, "--precision", "mixed_float16", "2:1")
@@ -83,7 +84,6 @@ def _traces(attempt):
     return sorted((attempt / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_the_custom_loop_on_jax_trains_validates_logs_and_traces(tmp_path):
     record, attempt, out = _rehearse(tmp_path, "--loop", "custom", "--profile-steps", "1,2")
     assert (record["backend"], record["loop"]) == ("jax", "custom")
@@ -97,7 +97,6 @@ def test_the_custom_loop_on_jax_trains_validates_logs_and_traces(tmp_path):
     assert list((attempt / "validation").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_fit_on_jax_traces_the_steps_asked_for_under_float16(tmp_path):
     record, attempt, _ = _rehearse(tmp_path, "--profile-steps", "2,2",
                                    "--precision", "mixed_float16")
@@ -137,7 +136,6 @@ print(json.dumps({"unchanged": all(np.array_equal(a, b) for a, b in zip(after, b
 """
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_an_overflow_on_one_device_skips_the_step_and_halves_the_loss_scale():
     done = subprocess.run([sys.executable, "-c", SKIP_ON_OVERFLOW], cwd=REPO,
                           env=_jax_env(2), capture_output=True, text=True, timeout=300,

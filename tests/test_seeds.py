@@ -70,7 +70,8 @@ def test_every_edge_seed_trains_a_step(runs, seed, loop):
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=SLOW), pytest.param(2**31 - 1, marks=SLOW)])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=SLOW),
+                                  pytest.param(2**31 - 1, marks=SLOW)])
 def test_edge_seeds_train_on_a_two_device_rehearsal(tmp_path, seed):
     train_gpu.main(ONE_STEP + ["--seed", str(seed), "--rehearse", "2",
                                "--output-dir", str(tmp_path)])

@@ -226,13 +226,13 @@ cli.run_main(write_tfrecords.main, args)
 """
 
 
-# slow: the swap itself is stopped at each of its steps in tests/test_outputs.py
+# slow, every case (the default suite's budget): the swap itself is stopped at each of
+# its steps in tests/test_outputs.py
+@pytest.mark.slow
 @pytest.mark.parametrize("how, status, said, holds", [
-    pytest.param("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4,
-                 marks=pytest.mark.slow),
-    pytest.param("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2,
-                 marks=pytest.mark.slow),
-    pytest.param("kill", -9, None, None, marks=pytest.mark.slow)])
+    ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
+    ("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2),
+    ("kill", -9, None, None)])
 def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_which(
         repo, tmp_path, how, status, said, holds):
     import subprocess
