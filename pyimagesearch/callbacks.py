@@ -218,6 +218,9 @@ class RunCallbacks:
         model.predict = functools.partial(
             model.predict, verbose=0,
             batch_size=figure_batch(config.NUM_FIGURE_DIGITS, plan.replicas))
+        if plan.backend == "jax" and plan.workers > 1:  # a slice: every process, every image
+            from pyimagesearch.jax_slice import predict
+            model.predict = functools.partial(predict, model, plan.strategy)
 
     def finish_epoch(self, model, trainDs, valDs, verbose):
         """After a resume in mid-epoch, train the rest of that epoch; the batches after it.

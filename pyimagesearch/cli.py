@@ -20,6 +20,7 @@
 import argparse
 import dataclasses
 import functools
+import importlib
 import os
 import re
 
@@ -204,8 +205,9 @@ FLAGS = (
      f"split the CPU into N logical devices (at most {MAX_REHEARSAL_DEVICES}) and run this "
      "very configuration on them, no accelerator needed", REHEARSED, "N"),
     ("--startup-timeout", startup_seconds, STARTUP_TIMEOUT_S,
-     "under TF_CONFIG, how long to wait for the other workers to start before giving up "
-     "(default %(default)s)", ("gpu",), "SECONDS"),
+     "under TF_CONFIG (train_gpu.py), or across the JAX processes of a TPU slice "
+     "(train_tpu.py), how long to wait for the others to start before giving up "
+     "(default %(default)s)", ("gpu", "tpu"), "SECONDS"),
     ("--tpu", None, None,
      "TPU name or grpc:// address (default: found from the environment: Colab, Kaggle or "
      "a TPU VM)", ("tpu",), None),
@@ -247,7 +249,7 @@ def parse_args(device, description, argv=None):
     is created and proven writable.
     """
     args = build_parser(device, description).parse_args(argv)
-    args.cluster = read_cluster(device)
+    args.cluster = read_cluster(device, getattr(args, "startup_timeout", STARTUP_TIMEOUT_S))
     note_run(args.cluster)  # run_main reports a lost peer of it; --backup-dir resumes it
     check_run_flags(Settings.from_args(args),
                     is_chief=args.cluster is None or args.cluster.is_chief)
@@ -289,7 +291,7 @@ def plan(device, args, strategy):
     backend = keras.backend.backend()  # Keras' own, fixed when Keras was first imported
     if backend == "jax":
         from pyimagesearch.jax_route import refuse_levers
-        refuse_levers(settings)
+        refuse_levers(settings, processes=args.cluster.workers if args.cluster else 1)
     run = plan_run(device, settings, strategy.num_replicas_in_sync,
                    rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster,
                    backend=backend)
@@ -298,14 +300,13 @@ def plan(device, args, strategy):
     if node:
         check_tpu_node_paths(settings, node)
     print(run.describe())
-    if args.cluster:
-        from pyimagesearch.cluster import check_workers_agree, shared_decision
-        from pyimagesearch.workarounds import preemption_handler_acts
+    if args.cluster:  # TensorFlow's cluster (cluster.py), or a JAX slice (jax_slice.py)
+        teamwork = importlib.import_module(args.cluster.coordinated_by)
     network = None
     if args.cluster and settings.data_source in ("auto", "tfds"):
         # one probe, the chief's, for every worker: a slow worker's own would
         # pick the sample while the others download MNIST
-        answer = shared_decision(args.cluster, "network", probe_network)
+        answer = teamwork.shared_decision(args.cluster, "network", probe_network)
         network = lambda: answer  # noqa: E731
     source = resolve_source(settings.data_source, config.DATA_NAME,
                             resolve_data_dir(settings.data_dir), network)
@@ -320,12 +321,14 @@ def plan(device, args, strategy):
     run = run.with_data(source, strategy)
     if run.validation_note():
         print(run.validation_note())
-    if args.cluster:
+    if args.cluster and backend != "jax":
+        from pyimagesearch.workarounds import preemption_handler_acts
         # a decision that makes a collective (the handler's variable): taken
         # once here, where each worker asks Google Cloud's metadata server
         # (TensorFlow gives it 5 s), and agreed by all, or one slow answer hangs them
         run = dataclasses.replace(run, preemption_handler=preemption_handler_acts())
-        check_workers_agree(args.cluster, run.agreed_facts())
+    if args.cluster:
+        teamwork.check_workers_agree(args.cluster, run.agreed_facts())
     set_precision(settings.precision)
     return run
 
@@ -378,14 +381,17 @@ def callbacks(plan):
     return run_callbacks
 
 
-def read_cluster(device):
+def read_cluster(device, startup_timeout_s=STARTUP_TIMEOUT_S):
     """This process's place in the cluster TF_CONFIG describes; None when it trains alone.
 
     Only train_gpu.py trains across machines; an evaluator task has nothing
     to do, since validation runs inside training. With neither TF_CONFIG
     nor a JobSet's name in the environment, the cluster module is not even
     loaded; anything else, an empty TF_CONFIG included, is read_tf_config's.
+    train_tpu.py on JAX spans the processes of a TPU slice instead (jax_slice.py).
     """
+    if device == "tpu" and keras.backend.backend() == "jax":
+        return read_slice(startup_timeout_s)
     if "TF_CONFIG" not in os.environ and "JOBSET_NAME" not in os.environ:
         return None
     from pyimagesearch.cluster import EVALUATOR, read_tf_config
@@ -402,6 +408,18 @@ def read_cluster(device):
                         "every machine (--rehearse 1 trains on their CPUs), or unset "
                         "TF_CONFIG")
     return cluster
+
+
+def read_slice(startup_timeout_s):
+    """Keras on JAX: this process's Slice when the run spans several (a TPU slice's hosts,
+    the launcher's rehearsal), joined within `startup_timeout_s`; None for one host
+    (jax_slice.py is then not loaded)."""
+    if not {"KERAS_DISTRIBUTION_NUM_PROCESSES", "TPU_WORKER_HOSTNAMES"} & set(os.environ):
+        return None
+    from pyimagesearch.jax_slice import join, processes
+
+    count = processes()
+    return join(count, startup_timeout_s) if count > 1 else None
 
 
 def check_run_flags(settings, is_chief=True):

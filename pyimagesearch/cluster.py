@@ -116,6 +116,7 @@ class Cluster:
     has_chief: bool   # the cluster names a chief
     peers: tuple = () # (task name, "host:port") of every other training task
     address: str = "" # this task's "host:port"
+    coordinated_by = "pyimagesearch.cluster"  # the module cli and exits ask (jax_slice's: JAX)
 
     @property
     def is_chief(self):
@@ -363,7 +364,24 @@ def _key_value_store():
     return runtime
 
 
-def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):
+@dataclasses.dataclass(frozen=True)
+class KeyValueStore:
+    """A coordination service's key-value store: TensorFlow's here, JAX's (jax_slice.py)."""
+
+    post: object    # post(key, text)
+    read: object    # read(key, timeout_ms): the text, once posted
+    errors: tuple   # what `read` raises when the wait fails
+
+
+def _tensorflow_store():
+    runtime = _key_value_store()
+    return KeyValueStore(runtime.set_config_key_value,
+                         lambda key, ms: runtime.get_config_key_value(key, timeout_in_ms=ms),
+                         (tf.errors.OpError,))
+
+
+def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S,
+                        store=None):
     """Stop every worker, with one line naming the difference, unless all run alike.
 
     `facts` ({name: JSON value}) are this worker's settings, data and
@@ -372,51 +390,53 @@ def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT
     store, which MultiWorkerMirroredStrategy has just connected every worker
     to, and reads every other's back. Not an all-reduce: workers with a
     different number of devices would not even agree on the all-reduce's
-    group size. Private TensorFlow API (tests check it exists).
+    group size. Private TensorFlow API (tests check it exists). `store`: a
+    JAX slice's (jax_slice.py), whose processes agree the same way.
     """
     if cluster is None:
         return
     me = f"{cluster.task_type}:{cluster.task_index}"
-    runtime = _key_value_store()
-    runtime.set_config_key_value(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
+    store = store or _tensorflow_store()
+    store.post(f"pyimagesearch/{topic}/{me}", json.dumps(facts))
+    member, members = (("process", "processes") if cluster.task_type == "process"
+                       else ("worker", "workers"))
     for other in cluster.tasks:
         if other == me:
             continue
         try:
-            theirs = json.loads(runtime.get_config_key_value(
-                f"pyimagesearch/{topic}/{other}", timeout_in_ms=int(timeout_s * 1000)))
-        except tf.errors.OpError as error:
+            theirs = json.loads(store.read(f"pyimagesearch/{topic}/{other}",
+                                           int(timeout_s * 1000)))
+        except store.errors as error:
             raise UserError(f"{cluster.name} could not read the {topic} settings of "
                             f"{other.replace(':', ' ')} ({first_line(error)})") from error
         for name, value in facts.items():
             if theirs.get(name) != value:
                 raise UserError(
-                    f"the workers disagree: {name} is {value!r} on {cluster.name} but "
+                    f"the {members} disagree: {name} is {value!r} on {cluster.name} but "
                     f"{theirs.get(name)!r} on {other.replace(':', ' ')}; start every "
-                    "worker with the same flags, data and number of devices")
+                    f"{member} with the same flags, data and number of devices")
 
 
-def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
+def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S, store=None):
     """`decide()`, taken once by the chief and handed to every worker (a JSON value).
 
     A decision that hangs on the network or the clock (is tfds' host
     answering?) would come out differently on a slow worker; the workers
     would then disagree, and stop. The chief decides and posts the answer to
     the coordination service's key-value store; the others wait for it
-    there. Private TensorFlow API, as check_workers_agree's.
+    there. Private TensorFlow API, as check_workers_agree's (`store` as there).
     """
     if cluster is None or cluster.task_type == EVALUATOR:
         return decide()
     key = f"pyimagesearch/decided/{topic}"
-    runtime = _key_value_store()
+    store = store or _tensorflow_store()
     if cluster.is_chief:
         value = decide()
-        runtime.set_config_key_value(key, json.dumps(value))
+        store.post(key, json.dumps(value))
         return value
     try:
-        return json.loads(runtime.get_config_key_value(key,
-                                                       timeout_in_ms=int(timeout_s * 1000)))
-    except tf.errors.OpError as error:
+        return json.loads(store.read(key, int(timeout_s * 1000)))
+    except store.errors as error:
         raise UserError(f"{cluster.name} did not get the chief's answer on the {topic} "
                         f"within {timeout_s:g} s ({first_line(error)})") from error
 

@@ -15,6 +15,7 @@ Also here:
 """
 import atexit
 import errno
+import importlib
 import logging
 import os
 import re
@@ -386,9 +387,8 @@ def _peer_lost(cluster, error):
     """cluster.peer_lost's line for a run of a cluster; None for a run alone (no module loaded)."""
     if cluster is None:
         return None
-    from pyimagesearch.cluster import peer_lost  # lazy: the cluster module is opt-in
-
-    return peer_lost(cluster, error)
+    # lazy: the cluster module (or jax_slice) is opt-in
+    return importlib.import_module(cluster.coordinated_by).peer_lost(cluster, error)
 
 
 def _kept_for_later(default_hook):

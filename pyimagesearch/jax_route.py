@@ -17,6 +17,9 @@ TPU route. Backups (--backup-dir) are Keras' own weights files here
 --profile-steps (a JAX trace, callbacks.ProfileSteps) and mixed_float16
 (Keras' loss scaling, backend-agnostic in Keras 3) run here as on TensorFlow.
 """
+import os
+
+import jax
 import keras
 
 from pyimagesearch.runtime import detect, installed_version, tensorflow_builds
@@ -42,6 +45,8 @@ def strategy(replicas=None):
     """
     if replicas:
         devices = keras.distribution.list_devices("cpu")
+        if jax.process_count() > 1:  # a slice's rehearsal (jax_slice.py): every process's
+            return DataParallel(devices=devices)
         if len(devices) < replicas:
             raise UserError(f"cannot rehearse on {replicas} JAX CPU devices: JAX started "
                             f"with {len(devices)} (JAX_NUM_CPU_DEVICES is read when JAX "
@@ -73,9 +78,14 @@ def _version(package):
     return installed_version(package) or "not installed"
 
 
-def refuse_levers(settings, host=None):
+def refuse_levers(settings, host=None, processes=1):
     """What Keras on JAX cannot do here yet: one line, before any training, with what works
-    on `host` (None: this machine) instead."""
+    on `host` (None: this machine) instead; on several processes (a TPU slice), what
+    only one can do."""
+    if processes > 1 and settings.loop == "custom":
+        raise UserError(f"--loop custom: on one host only (this run spans {processes} JAX "
+                        "processes: its step reads one process's batch); leave --loop out, "
+                        "fit trains the same step across them")
     refused = [flag for flag, asked in (
         ("--jit-compile", settings.jit_compile),) if asked]
     if refused:
@@ -84,8 +94,14 @@ def refuse_levers(settings, host=None):
             f"with XLA anyway); {instead_of_jax(host or detect())}")
 
 
-def versions():
-    """The JAX versions a run record names."""
-    return {"jax_version": _version("jax"), "jaxlib_version": _version("jaxlib"),
-            "libtpu_version": _version("libtpu"),
-            "tensorflow_build": tensorflow_builds()}  # 'tensorflow-cpu 2.20.0': which one
+def versions(plan=None):
+    """The JAX versions a run record names; for a run of several processes, its slice: the
+    hosts (one process each), the devices each holds, and the TPU type the platform names."""
+    named = {"jax_version": _version("jax"), "jaxlib_version": _version("jaxlib"),
+             "libtpu_version": _version("libtpu"),
+             "tensorflow_build": tensorflow_builds()}  # 'tensorflow-cpu 2.20.0': which one
+    if plan is not None and plan.workers > 1:
+        named.update(hosts=plan.workers, devices_per_host=plan.replicas // plan.workers,
+                     slice=os.environ.get("TPU_ACCELERATOR_TYPE") or (
+                         "rehearsal" if plan.rehearsal else "not named"))
+    return named

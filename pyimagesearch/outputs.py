@@ -87,6 +87,8 @@ class RunOutputs:
         else:
             print(f"[INFO] {cluster.task_type} {cluster.task_index} done; the chief "
                   "writes the outputs")
+        if hasattr(cluster, "end_together"):  # a JAX slice's processes end as one
+            cluster.end_together()
         return False
 
 
@@ -148,7 +150,7 @@ def run_record(plan, run, trained):
     }
     if plan.backend == "jax":
         from pyimagesearch.jax_route import versions
-        record.update(versions())
+        record.update(versions(plan))
     return record
 
 

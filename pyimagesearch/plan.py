@@ -299,7 +299,9 @@ class RunPlan:
     def agreed_facts(self):
         """What every worker of a cluster must share: devices, data and training settings."""
         settings, source = self.settings, self.source
-        return {"devices per worker": len(self.strategy.extended.worker_devices),
+        extended = getattr(self.strategy, "extended", None)  # tf.distribute's; JAX: the slice's
+        return {"devices per worker": (len(extended.worker_devices) if extended
+                                       else self.cluster.devices_per_host),
                 "data source": source.label,
                 "training images": source.size(config.TRAIN_FLAG),
                 "validation images": source.size(config.VALIDATION_FLAG),
@@ -376,8 +378,8 @@ def plan_run(device, settings, replicas, rehearsal=False, cluster=None, runtime=
         raise UserError(f"--profile-steps {settings.profile_steps[0]},"
                         f"{settings.profile_steps[1]} starts after the last of the run's "
                         f"{settings.epochs * steps} steps")
-    # Keras 3's fit does not run under MultiWorkerMirroredStrategy
-    loop = "custom" if cluster else settings.loop
+    # Keras 3's fit does not run under MultiWorkerMirroredStrategy (a JAX slice's DataParallel: it does)
+    loop = "custom" if cluster and backend != "jax" else settings.loop
     if row.whole_epochs:  # the whole epoch per call: every call is a blocking round trip
         per_execution = steps
     elif loop == "custom":  # it runs a shorter last call where the epoch needs one

@@ -282,34 +282,60 @@ def quiet_tensorflow_import():
 _COLLECTIVE_ABORT = ("RingReduce", "StartAbort", "Collective ops is aborted",
                      "Local rendezvous is aborting", "CollectiveReduce", "CollectiveGather",
                      "CollectiveBcast", "Connection reset by peer", "Socket closed",
-                     "stopped sending heartbeats")
+                     "stopped sending heartbeats", "Polled an error from coordination service",
+                     "Failed to cancel preemption barrier",
+                     "Using experimental recoverable task feature")
 _FILTER = r"""
 import os, re, signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)  # it ends when the pipe does, never before
 record = re.compile(sys.argv[1].encode())
-aborted = tuple(word.encode() for word in sys.argv[2:])
+# said in place of JAX's record of the end it puts to a process: a peer lost, or a start
+# that timed out (its RPC, on a later line, is RegisterTask); b"": the record as it is
+lost, not_joined = sys.argv[2].encode(), sys.argv[3].encode()
+aborted = tuple(word.encode() for word in sys.argv[4:])
 continued = (b"Additional GRPC error information", b":UNKNOWN:", b':{"created":', b"\t [[",
              b"The error could be from a previous operation", b"/job:",
-             b"The tasks have crashed.")
-dropping = False
+             b"The tasks have crashed.", b"RPC: /tensorflow.", b"\n")
+dropping, ending = False, None
 out = sys.stdout.buffer
+
+def say(line):
+    try:
+        out.write(line)
+        out.flush()
+    except OSError:
+        pass  # nobody reads stderr any more: keep draining the pipe
+
+def said_for(ending):
+    return (not_joined if b"RegisterTask" in ending else lost) + b"\n"
+
 for line in sys.stdin.buffer:
     if record.match(line):
+        if ending is not None:
+            say(said_for(ending))
+            ending = None
         dropping = any(word in line for word in aborted)
+        if lost and b"the JAX distributed service detected fatal errors" in line:
+            ending, dropping = line, True  # said once its last lines are in
+            continue
     elif dropping and not line.startswith(continued):
         dropping = False
-    if not dropping:
-        try:
-            out.write(line)
-            out.flush()
-        except OSError:
-            pass  # nobody reads stderr any more: keep draining the pipe
+    if ending is not None:
+        ending += line
+    elif not dropping:
+        say(line)
+if ending is not None:
+    say(said_for(ending))
 """
 
 
-def filter_collective_noise(record):
+def filter_collective_noise(record, said=("", "")):
     """fd 2 through the filter process from here on (once; not with PYIMAGESEARCH_VERBOSE_TF).
+
+    `said`: the lines that stand for JAX's record, over several lines, of
+    the end it puts to a process (jax_slice.join): a lost peer, a start
+    that timed out.
 
     `record` (runtime.this_process) keeps the filter's process and the real
     stderr until `end_collective_noise_filter(record)`, as the process ends.
@@ -324,7 +350,7 @@ def filter_collective_noise(record):
     real = os.dup(2)
     reader, writer = os.pipe()
     try:
-        process = subprocess.Popen([sys.executable, "-c", _FILTER, TF_LOG_LINE,
+        process = subprocess.Popen([sys.executable, "-c", _FILTER, TF_LOG_LINE, *said,
                                     *_COLLECTIVE_ABORT],
                                    stdin=reader, stdout=real, stderr=subprocess.DEVNULL)
     except OSError:  # no filter: the lines pass as they are

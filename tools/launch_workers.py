@@ -118,6 +118,17 @@ def tf_config(ports, index):
                        "task": {"type": "worker", "index": index}})
 
 
+def cluster_environment(ports, index, backend):
+    """What worker `index` is told of the others: TF_CONFIG for TensorFlow; for Keras on JAX
+    (KERAS_BACKEND=jax) Keras' KERAS_DISTRIBUTION_* variables, with worker 0's port for JAX's
+    coordinator, as `train_tpu.py` reads them on a TPU slice's hosts (jax_slice.py)."""
+    if backend == "jax":
+        return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{ports[0]}",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(ports)),
+                "KERAS_DISTRIBUTION_PROCESS_ID": str(index)}
+    return {"TF_CONFIG": tf_config(ports, index)}
+
+
 # the signals that end the launcher, and so its workers: SIGHUP is what the
 # launcher's terminal sends when it closes
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -182,10 +193,13 @@ class Workers:
     def start(self, command, count):
         """Start `count` workers of `command`, each with its TF_CONFIG."""
         self.ports = free_ports(count)
+        self.backend = os.environ.get("KERAS_BACKEND", "tensorflow")
         for index in range(count):
-            env = {**os.environ, "TF_CONFIG": tf_config(self.ports, index),
+            env = {**os.environ, **cluster_environment(self.ports, index, self.backend),
                    "PYTHONUNBUFFERED": "1"}
             env.pop(_IN_NAMESPACE, None)
+            if self.backend == "jax":  # the processes' own settings, not a reader's TF_CONFIG
+                env.pop("TF_CONFIG", None)
             # a session of its own: Ctrl-C and a closing terminal reach the launcher,
             # which stops each worker's whole process group itself. All workers
             # start before any relay thread does (a hook before exec is not safe
@@ -195,7 +209,9 @@ class Workers:
                                       start_new_session=True, preexec_fn=_end_with_parent)
             self.workers.append(worker)
         for index, worker in enumerate(self.workers):
-            self.say(f"[launch] worker {index}: pid {worker.pid}, 127.0.0.1:{self.ports[index]}")
+            where = (f"JAX process {index} of {count}, coordinator 127.0.0.1:{self.ports[0]}"
+                     if self.backend == "jax" else f"127.0.0.1:{self.ports[index]}")
+            self.say(f"[launch] worker {index}: pid {worker.pid}, {where}")
             relay = threading.Thread(target=self._relay, args=(index, worker), daemon=True)
             relay.start()
             self.relays.append(relay)
@@ -324,7 +340,8 @@ def main(argv):
     # the launcher exits as its first failed worker did (a signal N as 128 + N, as a
     # shell reports it), so a scheduler reads the same status: 2 bad input, 138 a
     # lost peer, 143 SIGTERM
-    fail(f"worker {index} exited with {describe(status)}; stopped the other "
+    ended = f"was {describe(status)}" if status < 0 else f"exited with {describe(status)}"
+    fail(f"worker {index} {ended}; stopped the other "
          f"{args.workers - 1}", status=status if status > 0 else 128 - status)
 
 
