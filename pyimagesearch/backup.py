@@ -22,6 +22,7 @@ no checkpoint object that TensorFlow's multi-worker and TPU tooling can
 share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
+import importlib
 import math
 import os
 import shutil
@@ -98,7 +99,7 @@ class Backup(keras.callbacks.Callback):
         self.folder = plan.settings.backup_dir
         self.every = plan.settings.backup_every  # steps between mid-epoch saves
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
-        self.is_chief, self.workers = plan.is_chief, plan.workers
+        self.is_chief, self.workers, self.cluster = plan.is_chief, plan.workers, plan.cluster
         self.handler_acts = plan.preemption_handler  # agreed by every worker
         self.run = identity(plan)
         self.history = {"loss": [], "val_loss": []}
@@ -113,8 +114,9 @@ class Backup(keras.callbacks.Callback):
         too); only then does the chief write run.json.
         """
         step, refusal = self._checkpoint_step(), self._refusal()
-        check_workers_agree(cluster, {"backup": refusal or f"{step:,} steps done"},
-                            topic="backup")
+        agree = (importlib.import_module(cluster.coordinated_by).check_workers_agree
+                 if cluster else check_workers_agree)  # TensorFlow's workers, or JAX's slice
+        agree(cluster, {"backup": refusal or f"{step:,} steps done"}, topic="backup")
         if refusal:
             raise UserError(refusal)
         epochs_done = step // self.steps_per_epoch
@@ -368,9 +370,27 @@ class KerasBackup(Backup):
     when fit returns, before the run's outputs are written.
 
     Keras on JAX runs a TPU's whole epoch per call (plan.py), so, as on a
-    TensorFlow TPU, the backups and SIGTERM's stop come at epoch ends.
-    One process trains (no cluster), so every save goes to the backup folder.
+    TensorFlow TPU, the backups and SIGTERM's stop come at epoch ends. On
+    a slice of several processes (jax_slice.py) every process reads the
+    backup and process 0 alone writes it; at each epoch's end they all say
+    whether SIGTERM came to them, and if it came to any, all stop there,
+    after process 0 has saved.
     """
+
+    def _stop_if_preempted(self):
+        if self.workers == 1:
+            return super()._stop_if_preempted()
+        from pyimagesearch.jax_slice import any_asked
+
+        if not any_asked(self.cluster, f"sigterm/{self._trained}", exits.requested()):
+            return
+        self._save()
+        self._close()
+        self.cluster.end_together()  # process 0 has saved: all leave as one
+        cause = "by SIGTERM" if exits.requested() else "because another process got SIGTERM,"
+        raise Preempted(f"stopped {cause} after {self._trained:,} steps with every process; "
+                        f"the backup in {self.folder} holds them: run the same command on "
+                        "every host to resume")
 
     def _checkpoint_step(self):
         """The global steps the weights file has trained (0 without one); keeps its path."""
@@ -390,7 +410,7 @@ class KerasBackup(Backup):
         self._scratch = scratch_folder("weights")  # Keras writes each file here first
         self._saved = self._latest
         for path in tf.io.gfile.glob(join(self.folder, WEIGHTS.format(step="*"))):
-            if path != self._latest:  # the new file of a save that was killed
+            if path != self._latest and self.is_chief:  # the new file of a save that was killed
                 _remove(path)
         if self._latest is None:
             return
@@ -415,8 +435,12 @@ class KerasBackup(Backup):
             local = os.path.join(self._scratch, "checkpoint.weights.h5")
             try:
                 # written here, then copied: on a full disk h5py would also print
-                # the errors it meets while it closes the file
+                # the errors it meets while it closes the file. Every process of a
+                # slice writes its copy, as process 0 does, or their models' state
+                # would differ from here on (Keras on JAX syncs it as it saves)
                 self.model.save_weights(local)
+                if not self.is_chief:
+                    return
                 tf.io.gfile.copy(local, path, overwrite=True)
                 write_json(join(self.folder, CHECKPOINT),
                            {"step": self._trained, "weights": path.rsplit("/", 1)[-1]})

@@ -291,7 +291,8 @@ def plan(device, args, strategy):
     backend = keras.backend.backend()  # Keras' own, fixed when Keras was first imported
     if backend == "jax":
         from pyimagesearch.jax_route import refuse_levers
-        refuse_levers(settings, processes=args.cluster.workers if args.cluster else 1)
+        refuse_levers(settings, processes=args.cluster.workers if args.cluster else 1,
+                      rehearsal=bool(getattr(args, "rehearse", None)))
     run = plan_run(device, settings, strategy.num_replicas_in_sync,
                    rehearsal=bool(getattr(args, "rehearse", None)), cluster=args.cluster,
                    backend=backend)

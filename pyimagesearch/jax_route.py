@@ -78,7 +78,7 @@ def _version(package):
     return installed_version(package) or "not installed"
 
 
-def refuse_levers(settings, host=None, processes=1):
+def refuse_levers(settings, host=None, processes=1, rehearsal=False):
     """What Keras on JAX cannot do here yet: one line, before any training, with what works
     on `host` (None: this machine) instead; on several processes (a TPU slice), what
     only one can do."""
@@ -86,6 +86,10 @@ def refuse_levers(settings, host=None, processes=1):
         raise UserError(f"--loop custom: on one host only (this run spans {processes} JAX "
                         "processes: its step reads one process's batch); leave --loop out, "
                         "fit trains the same step across them")
+    if processes > 1 and not rehearsal and "://" not in (settings.backup_dir or "://"):
+        raise UserError(f"--backup-dir {settings.backup_dir}: every host of the slice reads "
+                        "the backup that process 0 writes, and cannot read this host's disk; "
+                        "give a bucket (gs://...)")
     refused = [flag for flag, asked in (
         ("--jit-compile", settings.jit_compile),) if asked]
     if refused:

@@ -53,6 +53,7 @@ BEAT_S = 1
 PEER_SILENT_S = 10
 HEARTBEAT_TIMEOUT_S = 60
 END_TIMEOUT_S = 600  # how long a process waits at the end for process 0 to write (a bucket)
+LEAVE_TIMEOUT_MS = 60_000  # how long process 0 waits for the others to disconnect
 
 
 def processes(environ=os.environ):
@@ -144,17 +145,36 @@ def join(count, timeout_s, environ=os.environ):
 
 
 def end_together(cluster, timeout_s=END_TIMEOUT_S):
-    """Wait until every process has ended its run (process 0 has written the outputs).
+    """Wait until every process has ended its run (process 0 has written), then leave as one.
 
-    With JAX's recoverable tasks (join) nothing else holds a process at its end,
-    and the others would take its silence for a loss.
+    With JAX's recoverable tasks (join) nothing else holds a process at its
+    end, and the others would take its silence for a loss. Process 0 holds
+    JAX's coordinator, so it leaves last: the others disconnect first
+    (jax.distributed.shutdown) and say so, or they would see it go.
     """
+    client = _client()
     try:
-        _client().wait_at_barrier("pyimagesearch/end", int(timeout_s * 1000))
+        client.wait_at_barrier("pyimagesearch/end", int(timeout_s * 1000))
+        cluster.ended.set()
+        if not cluster.is_chief:
+            client.key_value_set(f"pyimagesearch/left/{cluster.task_index}", "1")
+            jax.distributed.shutdown()
+            return
+        for index in range(1, cluster.workers):
+            client.blocking_key_value_get(f"pyimagesearch/left/{index}", LEAVE_TIMEOUT_MS)
     except RuntimeError as error:
         raise PeerLost(f"{cluster.name} of {cluster.workers} ended its run, but not all the "
                        f"others did within {timeout_s:g} s ({first_line(error)})") from error
-    cluster.ended.set()
+
+
+def any_asked(cluster, topic, asked):
+    """Whether any process `asked` (True or False here) at this point of the run, which every
+    process reaches: SIGTERM, say, at an epoch's end, so that all stop there or none."""
+    client = _client()
+    client.key_value_set(f"pyimagesearch/{topic}/{cluster.task_index}", "1" if asked else "")
+    return any([client.blocking_key_value_get(f"pyimagesearch/{topic}/{index}",
+                                              int(AGREEMENT_TIMEOUT_S * 1000))
+                for index in range(cluster.workers)])
 
 
 def _watch_peers(here, clock=time.monotonic):

@@ -16,8 +16,9 @@ import pytest
 
 import compare
 import launch_workers
-from pyimagesearch import jax_slice
+from pyimagesearch import jax_route, jax_slice
 from pyimagesearch.errors import UserError
+from pyimagesearch.plan import Settings
 
 # two steps of the article's global batch of 1024
 TWO_STEPS = ["--epochs", "1", "--steps-per-epoch", "2"]
@@ -51,6 +52,22 @@ def test_a_process_count_that_is_no_count_is_one_line(text):
 def test_a_process_index_outside_the_count_is_one_line_before_jax_starts(given):
     with pytest.raises(UserError, match=r"KERAS_DISTRIBUTION_PROCESS_ID=.*from 0 to 1"):
         jax_slice.join(2, 1, {"KERAS_DISTRIBUTION_PROCESS_ID": given})
+
+
+@pytest.mark.parametrize("flags, rehearsal, refused", [
+    ({"loop": "custom"}, True, "--loop custom: on one host only (this run spans 2 JAX"),
+    ({"backup_dir": "backups"}, False, "--backup-dir backups: every host of the slice reads"),
+    ({"backup_dir": "gs://bucket/backups"}, False, None),  # every host reads a bucket
+    ({"backup_dir": "backups"}, True, None),  # a rehearsal's processes share this disk
+])
+def test_what_several_processes_cannot_share_is_one_line(flags, rehearsal, refused):
+    if refused is None:
+        jax_route.refuse_levers(Settings(**flags), processes=2, rehearsal=rehearsal)
+        return
+    with pytest.raises(UserError) as said:
+        jax_route.refuse_levers(Settings(**flags), processes=2, rehearsal=rehearsal)
+    assert str(said.value).startswith(refused) and "\n" not in str(said.value)
+    jax_route.refuse_levers(Settings(**flags), processes=1, rehearsal=rehearsal)  # one host
 
 
 def test_process_0_is_the_chief():
@@ -222,23 +239,34 @@ def test_a_coordinator_that_never_answers_is_one_line(repo, tmp_path):
 
 
 @pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
-def test_sigterm_stops_every_process_with_143(repo, tmp_path):
-    run = _launch(repo, tmp_path, "--epochs", "3")
+def test_sigterm_stops_every_process_at_one_step_and_the_same_command_resumes(
+        repo, tmp_path, slice_run):
+    flags = ["--epochs", "3", "--steps-per-epoch", "2", "--backup-dir", str(tmp_path / "b")]
+    run = _launch(repo, tmp_path / "out", *flags)
     for line in run.stdout:
-        if line.startswith("[worker 1] Epoch 1/"):
+        if line.startswith("[worker 1] Epoch 2/"):
             run.send_signal(signal.SIGTERM)  # the launcher's: it passes it to every process
             break
     said, _ = run.communicate(timeout=BOUND_S)
     assert run.returncode == 128 + signal.SIGTERM, said[-3000:]
     for index in (0, 1):
-        assert f"[worker {index}] train_tpu.py: error: stopped by SIGTERM" in said, said[-3000:]
-    assert "Traceback" not in said and os.listdir(tmp_path) == []
+        assert (f"[worker {index}] train_tpu.py: error: stopped by SIGTERM after 4 steps with "
+                f"every process; the backup in {tmp_path / 'b'} holds them") in said, said[-3000:]
+    # process 0 saved the second epoch's end; nothing else was written
+    assert json.loads((tmp_path / "b" / "checkpoint.json").read_text())["step"] == 4
+    assert os.listdir(tmp_path / "out") == []
+
+    again = _launch(repo, tmp_path / "out", *flags)
+    said, _ = again.communicate(timeout=BOUND_S)
+    assert again.returncode == 0, said[-3000:]
+    record = json.loads((tmp_path / "out" / "tpu_rehearsal_epochs-3_steps-per-epoch-2_jax.json"
+                         ).read_text())
+    assert (record["resumed_from_step"], len(record["loss"])) == (4, 3)
+    assert record["loss"][0] == pytest.approx(_first_loss(slice_run), rel=1e-6)
+    assert not (tmp_path / "b").exists()  # the outputs are written: the backup is gone
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
-def test_the_custom_loop_is_refused_on_several_processes(repo, tmp_path):
-    run = _launch(repo, tmp_path, "--loop", "custom")
-    said, _ = run.communicate(timeout=BOUND_S)
-    assert run.returncode == 2
-    assert ("train_tpu.py: error: --loop custom: on one host only (this run spans 2 JAX "
-            "processes") in said
+def _first_loss(slice_run):
+    _, _, out, _ = slice_run
+    name = "tpu_rehearsal_epochs-1_steps-per-epoch-2_jax.json"
+    return json.loads((out / "slice" / name).read_text())["loss"][0]

@@ -5,7 +5,10 @@
 
 Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
 real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
-(see the README). Output lines are prefixed with the worker's index. When
+(see the README). Under KERAS_BACKEND=jax each gets Keras' KERAS_DISTRIBUTION_*
+variables instead, worker 0's port as JAX's coordinator: the processes of a
+TPU slice (`KERAS_BACKEND=jax python tools/launch_workers.py --workers 2 --
+train_tpu.py --rehearse 4`, docs/tpus.md). Output lines are prefixed with the worker's index. When
 a worker fails or is killed, the others are stopped (SIGTERM, then SIGKILL
 after STOP_GRACE_SECONDS) and the launcher exits with that worker's status
 (128 + N for a signal N), after one line naming the worker and its status.
