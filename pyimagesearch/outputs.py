@@ -187,8 +187,10 @@ def figure_title(plan, record):
     digits = ("digits 0-7 of the 5,000-digit sample, not MNIST" if "sample" in label
               else "images of a stand-in, not MNIST" if "stand-in" in label
               else f"digits 0-7 of MNIST ({label})")
+    hosts = record.get("hosts")  # a JAX slice's (jax_route.versions)
+    where = f"{hosts} hosts x {record['devices_per_host']} devices\n" if hosts else ""
     return (f"{run['name']}: val_loss {record['val_loss'][-1]:.4f}\n"
-            f"batch {run['global_batch_size']}, {run['steps_per_epoch']} steps/epoch, "
+            f"{where}batch {run['global_batch_size']}, {run['steps_per_epoch']} steps/epoch, "
             f"lr {run['learning_rate']:g}\n{digits}")
 
 

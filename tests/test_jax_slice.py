@@ -16,7 +16,7 @@ import pytest
 
 import compare
 import launch_workers
-from pyimagesearch import jax_route, jax_slice
+from pyimagesearch import jax_route, jax_slice, outputs
 from pyimagesearch.errors import UserError
 from pyimagesearch.plan import Settings
 
@@ -270,3 +270,16 @@ def _first_loss(slice_run):
     _, _, out, _ = slice_run
     name = "tpu_rehearsal_epochs-1_steps-per-epoch-2_jax.json"
     return json.loads((out / "slice" / name).read_text())["loss"][0]
+
+
+def test_the_quoted_slice_rehearsal_trained_as_one_process_of_8_devices_did(repo):
+    # outputs/quoted/jax_slice: `KERAS_BACKEND=jax python tools/launch_workers.py --workers 2
+    # -- train_tpu.py --rehearse 4 ...`, beside outputs/quoted/jax's --rehearse 8
+    record, once = (json.loads((repo / "outputs" / "quoted" / folder / "tpu_rehearsal_jax.json")
+                               .read_text()) for folder in ("jax_slice", "jax"))
+    assert (record["hosts"], record["devices_per_host"], once["workers"]) == (2, 4, 1)
+    for key in ("loss", "val_loss"):
+        assert record[key] == pytest.approx(once[key], rel=1e-3)
+    assert "\n2 hosts x 4 devices\n" in outputs.figure_title(None, record)
+    assert "[launch] all 2 workers finished" in (
+        repo / "outputs" / "quoted" / "jax_slice" / "launch.log").read_text()
