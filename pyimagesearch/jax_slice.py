@@ -19,6 +19,7 @@ their settings before training (`check_workers_agree`), and a lost one is one
 line (`_watch_peers`). Loaded for runs of several JAX processes only.
 """
 import dataclasses
+import inspect
 import itertools
 import math
 import os
@@ -130,13 +131,20 @@ def join(count, timeout_s, environ=os.environ):
     warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
     # CPU arrays across processes (a rehearsal's devices) need a collectives backend
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # a lost peer is _watch_peers' to say (status 138), not JAX's to end us for (status 1)
-    jax.config.update("jax_enable_recoverability", True)
+    limits = {"initialization_timeout": max(1, math.ceil(timeout_s))}
+    if "heartbeat_timeout_seconds" in inspect.signature(jax.distributed.initialize).parameters:
+        # a lost peer is _watch_peers' to say (status 138), not JAX's to end us for (status
+        # 1). jax 0.6.2, the last for Python 3.10 (Cloud TPU VMs), has neither setting: its
+        # processes wait for each other at exit, and its own heartbeat check takes 100 s
+        limits["heartbeat_timeout_seconds"] = HEARTBEAT_TIMEOUT_S
+    try:
+        jax.config.update("jax_enable_recoverability", True)
+    except AttributeError:  # "Unrecognized config option" (jax 0.6.2)
+        pass
     print(f"[INFO] joining {count} JAX processes through {where} "
           f"(up to {timeout_s:g} s)", flush=True)
     jax.distributed.initialize(coordinator, count, int(given) if given is not None else None,
-                               initialization_timeout=max(1, math.ceil(timeout_s)),
-                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+                               **limits)
     here = Slice(workers=jax.process_count(), task_index=jax.process_index(),
                  devices_per_host=jax.local_device_count())
     threading.Thread(target=_watch_peers, args=(here,), daemon=True,
