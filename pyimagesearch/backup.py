@@ -22,7 +22,6 @@ no checkpoint object that TensorFlow's multi-worker and TPU tooling can
 share, and under MultiWorkerMirroredStrategy every process would write the
 same files; a tf.train.Checkpoint works the same under every strategy.
 """
-import importlib
 import math
 import os
 import shutil
@@ -31,7 +30,6 @@ import keras
 import tensorflow as tf
 
 from pyimagesearch import exits
-from pyimagesearch.cluster import check_workers_agree
 from pyimagesearch.config import IMAGE_SHAPE
 from pyimagesearch.errors import Preempted, UserError, first_line
 from pyimagesearch.files import LOCK, join, read_json, scratch_folder, take_lock, write_json
@@ -114,9 +112,8 @@ class Backup(keras.callbacks.Callback):
         too); only then does the chief write run.json.
         """
         step, refusal = self._checkpoint_step(), self._refusal()
-        agree = (importlib.import_module(cluster.coordinated_by).check_workers_agree
-                 if cluster else check_workers_agree)  # TensorFlow's workers, or JAX's slice
-        agree(cluster, {"backup": refusal or f"{step:,} steps done"}, topic="backup")
+        if cluster:  # TensorFlow's workers, or a JAX slice's processes
+            cluster.agree({"backup": refusal or f"{step:,} steps done"}, topic="backup")
         if refusal:
             raise UserError(refusal)
         epochs_done = step // self.steps_per_epoch

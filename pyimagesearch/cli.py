@@ -20,7 +20,6 @@
 import argparse
 import dataclasses
 import functools
-import importlib
 import os
 import re
 
@@ -301,13 +300,11 @@ def plan(device, args, strategy):
     if node:
         check_tpu_node_paths(settings, node)
     print(run.describe())
-    if args.cluster:  # TensorFlow's cluster (cluster.py), or a JAX slice (jax_slice.py)
-        teamwork = importlib.import_module(args.cluster.coordinated_by)
     network = None
     if args.cluster and settings.data_source in ("auto", "tfds"):
         # one probe, the chief's, for every worker: a slow worker's own would
         # pick the sample while the others download MNIST
-        answer = teamwork.shared_decision(args.cluster, "network", probe_network)
+        answer = args.cluster.decide("network", probe_network)
         network = lambda: answer  # noqa: E731
     source = resolve_source(settings.data_source, config.DATA_NAME,
                             resolve_data_dir(settings.data_dir), network)
@@ -329,7 +326,7 @@ def plan(device, args, strategy):
         # (TensorFlow gives it 5 s), and agreed by all, or one slow answer hangs them
         run = dataclasses.replace(run, preemption_handler=preemption_handler_acts())
     if args.cluster:
-        teamwork.check_workers_agree(args.cluster, run.agreed_facts())
+        args.cluster.agree(run.agreed_facts())  # TensorFlow's workers, or a JAX slice's
     set_precision(settings.precision)
     return run
 

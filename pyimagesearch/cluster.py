@@ -116,7 +116,6 @@ class Cluster:
     has_chief: bool   # the cluster names a chief
     peers: tuple = () # (task name, "host:port") of every other training task
     address: str = "" # this task's "host:port"
-    coordinated_by = "pyimagesearch.cluster"  # the module cli and exits ask (jax_slice's: JAX)
 
     @property
     def is_chief(self):
@@ -134,6 +133,16 @@ class Cluster:
     @property
     def name(self):
         return f"{self.task_type} {self.task_index}"
+
+    # what cli, backup and exits ask of a cluster; a JAX slice answers alike (jax_slice.Slice)
+    def agree(self, facts, topic="run"):
+        check_workers_agree(self, facts, topic)
+
+    def decide(self, topic, decide):
+        return shared_decision(self, topic, decide)
+
+    def lost(self, error):
+        return peer_lost(self, error)
 
 
 def read_tf_config(environ=os.environ):
@@ -349,21 +358,6 @@ def missing_peers(cluster, timeout_s=2.0):
             if not answers(address, timeout_s)]
 
 
-def _key_value_store():
-    """The coordination service's key-value store (TensorFlow's runtime context).
-
-    Private TensorFlow API: where it is gone, one line naming the version.
-    """
-    from pyimagesearch.workarounds import private_api
-
-    with private_api("the coordination service's key-value store"):
-        from tensorflow.python.eager import context
-
-        runtime = context.context()
-        runtime.set_config_key_value, runtime.get_config_key_value  # noqa: B018
-    return runtime
-
-
 @dataclasses.dataclass(frozen=True)
 class KeyValueStore:
     """A coordination service's key-value store: TensorFlow's here, JAX's (jax_slice.py)."""
@@ -374,10 +368,16 @@ class KeyValueStore:
 
 
 def _tensorflow_store():
-    runtime = _key_value_store()
-    return KeyValueStore(runtime.set_config_key_value,
-                         lambda key, ms: runtime.get_config_key_value(key, timeout_in_ms=ms),
-                         (tf.errors.OpError,))
+    """TensorFlow's (its runtime context's): a private API; where it is gone, one line."""
+    from pyimagesearch.workarounds import private_api
+
+    with private_api("the coordination service's key-value store"):
+        from tensorflow.python.eager import context
+
+        runtime = context.context()
+        get = runtime.get_config_key_value
+        return KeyValueStore(runtime.set_config_key_value,
+                             lambda key, ms: get(key, timeout_in_ms=ms), (tf.errors.OpError,))
 
 
 def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S,

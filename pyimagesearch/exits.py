@@ -15,7 +15,6 @@ Also here:
 """
 import atexit
 import errno
-import importlib
 import logging
 import os
 import re
@@ -384,11 +383,10 @@ def _run(main, argv):
 
 
 def _peer_lost(cluster, error):
-    """cluster.peer_lost's line for a run of a cluster; None for a run alone (no module loaded)."""
+    """The cluster's PeerLost line for `error`, if a peer is lost; None for a run alone."""
     if cluster is None:
         return None
-    # lazy: the cluster module (or jax_slice) is opt-in
-    return importlib.import_module(cluster.coordinated_by).peer_lost(cluster, error)
+    return cluster.lost(error)  # cluster.Cluster's, or a JAX slice's
 
 
 def _kept_for_later(default_hook):

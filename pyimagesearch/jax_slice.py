@@ -82,7 +82,6 @@ class Slice:
     ended: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False,
                                                compare=False)
     task_type = "process"
-    coordinated_by = "pyimagesearch.jax_slice"  # cli and exits ask this module, not cluster's
 
     @property
     def is_chief(self):
@@ -96,6 +95,16 @@ class Slice:
     @property
     def tasks(self):
         return [f"process:{index}" for index in range(self.workers)]
+
+    # what cli, backup, outputs and exits ask of it, as of TensorFlow's cluster.Cluster
+    def agree(self, facts, topic="run"):
+        check_workers_agree(self, facts, topic)
+
+    def decide(self, topic, decide):
+        return shared_decision(self, topic, decide)
+
+    def lost(self, error):
+        return peer_lost(self, error)
 
     def end_together(self):
         end_together(self)
