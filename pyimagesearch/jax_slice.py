@@ -18,6 +18,7 @@ process 0 is the chief, the only one that writes; the processes agree on
 their settings before training (`check_workers_agree`), and a lost one is one
 line (`_watch_peers`). Loaded for runs of several JAX processes only.
 """
+import atexit
 import dataclasses
 import inspect
 import itertools
@@ -54,7 +55,6 @@ BEAT_S = 1
 PEER_SILENT_S = 10
 HEARTBEAT_TIMEOUT_S = 60
 END_TIMEOUT_S = 600  # how long a process waits at the end for process 0 to write (a bucket)
-LEAVE_TIMEOUT_MS = 60_000  # how long process 0 waits for the others to disconnect
 
 
 def processes(environ=os.environ):
@@ -136,7 +136,8 @@ def join(count, timeout_s, environ=os.environ):
         "with the same command, or raise --startup-timeout"))
     # Keras shards a tf.data validation set by process with `rebatch`, whose length tf.data
     # does not know, and warns at the end of every validation that it "ran out of data":
-    # it is the set's end (Keras 3.15.1, keras/src/distribution/distribution_lib.py)
+    # it is the set's end. Upstream: none filed; still so in Keras 3.15.1
+    # (keras/src/distribution/distribution_lib.py, distribute_tf_dataset)
     warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
     # CPU arrays across processes (a rehearsal's devices) need a collectives backend
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -158,27 +159,43 @@ def join(count, timeout_s, environ=os.environ):
                  devices_per_host=jax.local_device_count())
     threading.Thread(target=_watch_peers, args=(here,), daemon=True,
                      name="peer watch").start()
+    atexit.register(_leave, here)  # before JAX's own shutdown (atexit runs the last first)
     return here
+
+
+def _leave(here):
+    """As this process ends, however it ends: the others first, process 0 last.
+
+    Process 0 holds JAX's coordinator: a process still connected when it
+    goes is ended by JAX (status 1, and a line saying a peer was lost),
+    even after a run that ended well or a refusal that all made alike. So
+    the others disconnect (jax.distributed.shutdown), and process 0 waits
+    until they have, or PEER_SILENT_S: JAX's "alive tasks" call returns once
+    every other process has called it too or has disconnected.
+    """
+    here.ended.set()
+    from jax._src.distributed import global_state  # private, as _client's
+
+    if global_state.client is None:  # left already
+        return
+    if not here.is_chief:
+        jax.distributed.shutdown()
+        return
+    waiting = threading.Thread(target=global_state.client.get_live_nodes,
+                               args=(list(range(here.workers)),), daemon=True)
+    waiting.start()
+    waiting.join(PEER_SILENT_S)
 
 
 def end_together(cluster, timeout_s=END_TIMEOUT_S):
     """Wait until every process has ended its run (process 0 has written), then leave as one.
 
     With JAX's recoverable tasks (join) nothing else holds a process at its
-    end, and the others would take its silence for a loss. Process 0 holds
-    JAX's coordinator, so it leaves last: the others disconnect first
-    (jax.distributed.shutdown) and say so, or they would see it go.
+    end, and the others would take its silence for a loss; then `_leave`.
     """
-    client = _client()
     try:
-        client.wait_at_barrier("pyimagesearch/end", int(timeout_s * 1000))
-        cluster.ended.set()
-        if not cluster.is_chief:
-            client.key_value_set(f"pyimagesearch/left/{cluster.task_index}", "1")
-            jax.distributed.shutdown()
-            return
-        for index in range(1, cluster.workers):
-            client.blocking_key_value_get(f"pyimagesearch/left/{index}", LEAVE_TIMEOUT_MS)
+        _client().wait_at_barrier("pyimagesearch/end", int(timeout_s * 1000))
+        _leave(cluster)  # here too: a preempted run leaves through os._exit, not atexit
     except RuntimeError as error:
         raise PeerLost(f"{cluster.name} of {cluster.workers} ended its run, but not all the "
                        f"others did within {timeout_s:g} s ({first_line(error)})") from error
