@@ -44,7 +44,8 @@ import time
 # `python tools/launch_workers.py` puts tools/ on sys.path, not the repository root
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the scripts' one-line parser (it loads no TensorFlow, as this launcher must not)
-from pyimagesearch.errors import EXIT_USER_ERROR, OneLineParser  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+EXIT_USER_ERROR = UserError.exit_status
 
 PEER_GRACE_SECONDS = 30  # how long the others get to notice a failed worker themselves
 STOP_GRACE_SECONDS = 20  # how long stopped workers get to exit before SIGKILL
