@@ -13,11 +13,10 @@ shape, the source (tfds MNIST, a prepare_mnist.py --stand-in, or the
 5,000-digit sample) and how the folder was made. The output may be a local
 folder or a bucket (gs://...); a TPU reads it straight from a bucket.
 
-Each shard replaces its file whole and metadata.json comes last (an earlier
-one goes first): a write stopped on the way leaves a folder the training
-scripts refuse as unfinished, never one that passes for whole. A folder that
-already holds TFRecords (a metadata.json) is left alone unless --overwrite
-is given.
+Each shard is written whole and metadata.json last (tfrecords.write_folder):
+a write stopped on the way never leaves a folder that passes for a finished
+one. A folder that already holds TFRecords (a metadata.json) is left alone
+unless --overwrite is given.
 """
 import argparse
 import pathlib
