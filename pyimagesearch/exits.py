@@ -52,14 +52,14 @@ class Interrupts:
         self.saving = False      # a backup is kept: SIGTERM saves it at the next step
         self.requested = False   # SIGTERM came while saving
         self.terminated = False  # SIGTERM stopped the run (in case its exception was dropped)
-        self.ended = None        # once the run has ended: what is on disk, for a late signal
+        self.ended = None        # once the outputs are written: what is on disk, in words
         self._held = None        # the signals noted inside held()
 
     def __call__(self, signum, frame):
         name = signal.Signals(signum).name
         if self._held is not None:
             self._held.append(signum)
-        elif self.ended is not None:
+        elif self.ended is not None:  # nothing left to stop: say what is on disk, go
             say(f"stopped by {name} after the run had ended; {self.ended}")
             leave(128 + signum)
         elif signum == signal.SIGINT:
@@ -150,7 +150,7 @@ def run_main(main, argv=None):
             raise stopped from error
         if interrupts.terminated:  # a SIGTERM whose exception Python dropped in a finalizer
             raise Preempted("stopped by SIGTERM at the end of the run")
-        interrupts.ended = "its outputs were written"
+        interrupts.ended = interrupts.ended or "nothing was left to do"
     except NothingToDo as reason:
         print(f"[INFO] {reason}")
     except UserError as error:

@@ -172,10 +172,11 @@ def probe(url, timeout):
 
     def ask():
         try:
-            urllib.request.urlopen(url, timeout=timeout).close()
+            # a new opener: its ProxyHandler reads the proxy variables as they are now
+            urllib.request.build_opener().open(url, timeout=timeout).close()
             verdict.append("answers")
-        except urllib.error.HTTPError:
-            verdict.append("answers")  # a server that says no is a server that answers
+        except urllib.error.HTTPError as error:  # a server that says no still answers
+            verdict.append("refused" if error.code == 407 else "answers")  # not the proxy
         except (urllib.error.URLError, OSError, ValueError) as error:
             late = isinstance(getattr(error, "reason", error), TimeoutError)
             verdict.append("silent" if late else "refused")

@@ -142,6 +142,7 @@ def save(figure_path, png, model, record, plan):
                 what = (f"{', '.join(paths[:done])} new, the rest as before" if done
                         else "earlier outputs are untouched")
                 replace_file(path, write, what)
+            plan.interrupts.ended = f"its outputs were written to {plan.settings.output_dir}"
         for path in paths:
             print(f"[INFO] wrote {path}")
         if plan.backup:

@@ -4,8 +4,10 @@ A TFRecord folder (local or gs://...) holds `train-00000-of-00008.tfrecord` ...
 (`.tfrecord.gz` with GZIP), the same for `test`, and `metadata.json`: counts
 per split and shard, sizes, SHA-256s, the image shape and where the images came
 from. One `tf.train.Example` per image: its raw uint8 pixels, shape and label.
-The metadata is written last and removed first: without it the folder is an
-unfinished write. Loaded for --data-source tfrecord and tools/write_tfrecords.py.
+A new write leaves the shards it lists alone (its own take a time stamp in their
+names where an earlier write's hold the plain ones) and replaces the metadata
+last, in one rename: the folder holds the old TFRecords or the new ones, whatever
+stops the writer. Loaded for --data-source tfrecord and tools/write_tfrecords.py.
 """
 import dataclasses
 import datetime
@@ -19,6 +21,7 @@ import tensorflow as tf
 from pyimagesearch import config
 from pyimagesearch.pipeline import finish, seeded_passes
 from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.exits import watch
 from pyimagesearch.files import join, read_json, replace_file, write_json
 
 METADATA_NAME = "metadata.json"
@@ -125,10 +128,6 @@ def verify_shard(path, shard, shape, compression):
     if shard.get("bytes") is not None and size != shard["bytes"]:
         raise UserError(f"{path} is {size:,} bytes, {METADATA_NAME} says "
                         f"{shard['bytes']:,}: cut short or replaced; {_AGAIN}")
-    # on a bucket this would read every shard twice: there the checksums of TFRecord serve
-    if shard.get("sha256") and "://" not in path and file_sha256(path) != shard["sha256"]:
-        raise UserError(f"{path} is not the shard {METADATA_NAME} lists (its SHA-256 "
-                        f"differs): replaced or edited; {_AGAIN}")
     records = 0
     try:
         for serialized in tf.data.TFRecordDataset(path, compression).batch(4096):
@@ -149,6 +148,10 @@ def verify_shard(path, shard, shape, compression):
     if records != shard["records"]:
         raise UserError(f"{path} holds {records:,} records, {METADATA_NAME} says "
                         f"{shard['records']:,}; {_AGAIN}")
+    # on a bucket this would read every shard twice: there the checksums of TFRecord serve
+    if shard.get("sha256") and "://" not in path and file_sha256(path) != shard["sha256"]:
+        raise UserError(f"{path} is not the shard {METADATA_NAME} lists (its SHA-256 "
+                        f"differs): replaced or edited; {_AGAIN}")
 
 
 def source(folder, data_name=config.DATA_NAME):
@@ -283,8 +286,8 @@ def write_folder(folder, splits, origin, origin_reason, command, shards=DEFAULT_
     """Write `splits` ({split: (uint8 images, labels)}) as a TFRecord folder; its metadata.
 
     Each split gets `shards` files (fewer for fewer images), contiguous runs of
-    the split in order. An earlier folder's metadata goes first, so a write that
-    is stopped leaves an unfinished folder, never one that passes for whole.
+    the split in order. The metadata that names them replaces the earlier one
+    last; the earlier write's shards go after it.
     """
     metadata_path = join(folder, METADATA_NAME)
     if tf.io.gfile.exists(metadata_path) and not overwrite:
@@ -292,19 +295,19 @@ def write_folder(folder, splits, origin, origin_reason, command, shards=DEFAULT_
                         "--overwrite to replace them, or pick another --output-dir")
     if any(len(images) == 0 for images, _ in splits.values()):
         raise UserError("a split is empty: nothing to write")
-    if tf.io.gfile.exists(metadata_path):
-        tf.io.gfile.remove(metadata_path)
+    tf.io.gfile.makedirs(folder)
+    taken = {path.rsplit("/", 1)[-1] for path in tf.io.gfile.glob(join(folder, "*"))}
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     listing = {}
     for split, (images, labels) in splits.items():
         parts = np.array_split(np.arange(len(images)), min(shards, len(images)))
+        names = [shard_name(split, index, len(parts), compression)
+                 for index in range(len(parts))]
+        if taken & set(names):  # an earlier write's, which stay until the metadata is new
+            names = [name.replace(".tfrecord", f".{stamp}.tfrecord") for name in names]
         listing[split] = {"images": int(len(images)), "shards": [
-            _write_shard(join(folder, shard_name(split, index, len(parts), compression)),
-                         [serialize(images[i], labels[i]) for i in part], compression)
-            for index, part in enumerate(parts)]}
-    kept = {shard["file"] for entry in listing.values() for shard in entry["shards"]}
-    for path in tf.io.gfile.glob(join(folder, "*-?????-of-?????.tfrecord*")):
-        if path.rsplit("/", 1)[-1] not in kept:  # an earlier write's other shards
-            tf.io.gfile.remove(path)
+            _write_shard(join(folder, name), [serialize(images[i], labels[i]) for i in part],
+                         compression) for name, part in zip(names, parts)]}
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "dataset": config.DATA_NAME,
                 "source": origin, "source_reason": origin_reason,
                 "image_shape": [int(side) for side in next(iter(splits.values()))[0].shape[1:]],
@@ -312,7 +315,14 @@ def write_folder(folder, splits, origin, origin_reason, command, shards=DEFAULT_
                 "made_by": {"command": command, "tensorflow_version": tf.__version__,
                             "date": datetime.datetime.now(datetime.timezone.utc)
                             .isoformat(timespec="seconds")}}
-    write_json(metadata_path, metadata, what=f"{folder} holds no finished TFRecords")
+    interrupts = watch()
+    with interrupts.held():  # the new metadata, then the earlier shards gone: not cut in two
+        write_json(metadata_path, metadata, what=f"{folder} holds its earlier TFRecords")
+        kept = {shard["file"] for entry in listing.values() for shard in entry["shards"]}
+        for path in tf.io.gfile.glob(join(folder, "*-?????-of-?????*.tfrecord*")):
+            if path.rsplit("/", 1)[-1] not in kept:
+                tf.io.gfile.remove(path)
+        interrupts.ended = f"the new TFRecords in {folder} are whole"
     return metadata
 
 
@@ -326,6 +336,6 @@ def _write_shard(path, records, compression):
         entry.update(bytes=os.path.getsize(local), sha256=file_sha256(local))
 
     entry = {"file": path.rsplit("/", 1)[-1], "records": len(records)}
-    replace_file(path, write, what=f"{path.rsplit('/', 1)[0]} holds no finished TFRecords")
+    replace_file(path, write, what=f"{path.rsplit('/', 1)[0]} holds its earlier TFRecords")
     return entry
 
