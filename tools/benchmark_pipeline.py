@@ -10,9 +10,9 @@ Training mode (the default): the pipelines read the same prepared tfds MNIST
 and feed the same model, loss, optimizer and batch (128) on the CPU, in this
 one process, taking turns.
 
-- ``efficient`` is ``pyimagesearch.data.get_data`` as train_cpu.py uses it:
-  decode every PNG once, keep uint8 images in memory, shuffle, batch, convert
-  a whole batch at once, prefetch.
+- ``efficient`` is train_cpu.py's pipeline (``Source.dataset``): decode every
+  PNG once, keep uint8 images in memory, shuffle, batch, convert a whole batch
+  at once, prefetch.
 - ``article-style`` is how a tfds pipeline is usually written: ``tfds.load``,
   then a per-image ``map`` to float, shuffle and batch every epoch; no cache,
   so every epoch decodes all 60,000 PNGs again, and no prefetch. (tfds
@@ -37,7 +37,7 @@ drained batch by batch inside a compiled function as a training step would
 pull them: the article-style pipeline, the TFRecord reader
 (``--data-source tfrecord``; the TFRecords are written from --data-dir into
 a temporary folder unless --tfrecord-dir names a folder write_tfrecords.py
-wrote), the in-memory pipeline (``datasets.pipeline.make_pipeline``), and tfds' own
+wrote), the in-memory pipeline (``pipeline.make_pipeline``), and tfds' own
 in-memory cache of the article-style pipeline for reference. Each trial
 drains one untimed epoch (tracing, opening files, filling the shuffle
 buffer and tfds' cache), then times --epochs more; the figure is images per
@@ -52,15 +52,13 @@ import sys
 import tempfile
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch import config
-from pyimagesearch.files import check_output_dir, check_output_file  # noqa: E402
+from pyimagesearch import cli, config, exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+from pyimagesearch.pipeline import Reading  # noqa: E402
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
@@ -89,12 +87,9 @@ def article_style_pipeline(data_dir, batch_size, tfds_cache=False):
 
 
 def efficient_pipeline(source, batch_size):
-    """train_cpu.py's pipeline from a resolved Source: in memory, or the TFRecord reader."""
-    from pyimagesearch.data import get_data
-
-    return get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=batch_size,
-                    shuffleSize=config.SHUFFLE_SIZE, source=source,
-                    repeat=True, drop_remainder=True, seed=config.SEED)
+    """train_cpu.py's training batches from a resolved Source: in memory, or its TFRecords."""
+    return source.dataset(config.TRAIN_FLAG, Reading(
+        batch_size, config.SHUFFLE_SIZE, seed=config.SEED, repeat=True, drop_remainder=True))
 
 
 PROFILED_STEPS = 26  # steps of the second epoch traced with --profile-dir (2 x 13)
@@ -118,8 +113,7 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     from pyimagesearch.autoencoder import AutoEncoder
     from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
-    from pyimagesearch.plan import make_optimizer
-    from pyimagesearch.strategies import set_precision, with_loss_scaling
+    from pyimagesearch.strategies import ReplicasAgreeLossScaleOptimizer, set_precision
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
@@ -134,8 +128,10 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     with strategy.scope():
         set_precision(precision)
         model = AutoEncoder()
-        optimizer = with_loss_scaling(make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
-                                      precision)
+        optimizer = keras.optimizers.get({"class_name": config.OPTIMIZER,
+                                          "config": {"learning_rate": config.LEARNING_RATE}})
+        if precision == "mixed_float16":  # loss scaling, as the scripts' optimizer_config
+            optimizer = ReplicasAgreeLossScaleOptimizer(optimizer)
         model.compile(loss=MSELoss(scale=strategy.num_replicas_in_sync), optimizer=optimizer,
                       steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
@@ -198,10 +194,7 @@ def floor(args, source, command):
 
 def get_validation(source, batch_size):
     """train_cpu.py's validation batches: one pass over the split, in order."""
-    from pyimagesearch.data import get_data
-
-    return get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=batch_size,
-                    source=source)
+    return source.dataset(config.VALIDATION_FLAG, Reading(batch_size))
 
 
 def images_per_second(dataset, steps, epochs, batch_size):
@@ -261,8 +254,7 @@ def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch import sources, tfrecord_writer
-    from pyimagesearch.errors import UserError
+    from pyimagesearch import tfrecords
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -270,21 +262,22 @@ def input_only(args, source, command):
         scratch = tempfile.mkdtemp(prefix="pyimagesearch-tfrecords-")
         folder = os.path.join(scratch, "mnist")
         print(f"[INFO] writing TFRecords of {source.label} into {folder}")
-        tfrecord_writer.write_folder(
+        tfrecords.write_folder(
             folder, {split: source.examples(split)
                      for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG)},
-            config.DATA_NAME, origin=source.label, origin_reason=source.reason,
-            command=command, shards=TFRECORD_SHARDS)
+            origin=source.label, origin_reason=source.reason, command=command,
+            shards=TFRECORD_SHARDS)
     else:
         folder = args.tfrecord_dir
     try:
-        records = sources.resolve_source("tfrecord", config.DATA_NAME, folder)
+        records = tfrecords.source(folder)
         print(f"[INFO] tfrecord: {records.reason}")
         sizes = [chosen.size(config.TRAIN_FLAG) for chosen in (source, records)]
-        if records.origin != source.label or sizes[0] != sizes[1]:
+        origin = records.metadata["source"]
+        if origin != source.label or sizes[0] != sizes[1]:
             raise UserError(f"--tfrecord-dir {folder} holds {sizes[1]:,} training images "
-                                f"from {records.origin}, --data-dir {sizes[0]:,} from "
-                                f"{source.label}: not the same data")
+                            f"from {origin}, --data-dir {sizes[0]:,} from "
+                            f"{source.label}: not the same data")
         batch = config.BATCH_SIZE
         # name -> a fresh pipeline of (image, image) float batches
         setups = {
@@ -314,21 +307,21 @@ def input_only(args, source, command):
 
 def build_parser():
     """The flags of benchmark_pipeline.py."""
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None,
                         help="tfds data dir with MNIST prepared (with --floor: default, "
                              "the 5,000-digit sample, as train_cpu.py offline)")
-    parser.add_argument("--trials", type=cli.positive_int, default=None,
+    parser.add_argument("--trials", type=cli.integer(1), default=None,
                         help="trials per pipeline (default 2, with --input-only 3)")
-    parser.add_argument("--steps", type=cli.positive_int, default=FULL_EPOCH_STEPS,
+    parser.add_argument("--steps", type=cli.integer(1), default=FULL_EPOCH_STEPS,
                         help="batches per timed epoch (default %(default)s: "
                              f"{config.TRAIN_IMAGES:,} images in batches of "
                              f"{config.BATCH_SIZE})")
     parser.add_argument("--input-only", action="store_true",
                         help="time the input pipelines alone, no model: article-style, "
                              "TFRecords and in-memory")
-    parser.add_argument("--epochs", type=cli.positive_int, default=None,
+    parser.add_argument("--epochs", type=cli.integer(1), default=None,
                         help="with --input-only: timed epochs per trial, after one "
                              "untimed (default 2)")
     parser.add_argument("--tfrecord-dir", default=None,
@@ -367,26 +360,24 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.json:
-        check_output_file(args.json)
+        files.check_output_file(args.json)
     if args.profile_dir:
-        check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
+        files.check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
     from pyimagesearch import sources, strategies
     from pyimagesearch.plan import steps_per_execution
 
-    strategies.cpu_only()  # quiet device discovery; the benchmark runs on the CPU
+    strategies.cpu_only()  # the benchmark runs on the CPU
     if args.data_dir is None:
         source = sources.SampleSource("the 5,000-digit sample, as train_cpu.py offline")
     else:
-        source = sources.resolve_source("tfds", config.DATA_NAME,
-                                        sources.resolve_data_dir(args.data_dir))
+        source = sources.resolve_source("tfds", config.DATA_NAME, args.data_dir)
     print(f"[INFO] data: {source.reason}")
     if args.floor or args.input_only:
         mode = floor if args.floor else input_only
         figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
-            from pyimagesearch.files import publish_json
-            publish_json(args.json, figures)
+            files.write_json(args.json, figures)
         return
     steps = args.steps
     spe = steps_per_execution(steps)
@@ -411,12 +402,11 @@ def main(argv=None):
     for name, value in medians.items():
         print(f"  {name:18s} {value:6.2f} s  {ratios[name]:.2f}x")
     if args.json:
-        from pyimagesearch.files import publish_json
-        publish_json(args.json, {"seconds": seconds, "median_seconds": medians,
-                                 "speedup_over_article_style": ratios, "steps": steps,
-                                 "trials": args.trials, "steps_per_execution": spe,
-                                 "batch_size": config.BATCH_SIZE, "data": source.reason})
+        files.write_json(args.json, {"seconds": seconds, "median_seconds": medians,
+                                     "speedup_over_article_style": ratios, "steps": steps,
+                                     "trials": args.trials, "steps_per_execution": spe,
+                                     "batch_size": config.BATCH_SIZE, "data": source.reason})
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)
