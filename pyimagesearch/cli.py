@@ -158,7 +158,7 @@ def parse_args(device, description, argv=None):
     from pyimagesearch.files import check_output_dir
     for folder, kind in ((args.output_dir, "output folder"), (args.backup_dir, "--backup-dir "
                          "folder"), (args.logdir, "--logdir folder")):
-        if folder:
+        if folder and (args.cluster is None or args.cluster.is_chief):  # it alone writes
             check_output_dir(folder, kind)
     return args
 

@@ -155,8 +155,8 @@ def read_tf_config():
                         '{"cluster": {"worker": ["host-a:12345", "host-b:12345"]}, '
                         '"task": {"type": "worker", "index": 0}}') from error
     if task_type == "evaluator":
-        raise NothingToDo("TF_CONFIG makes this process an evaluator: none is needed, "
-                          "validation runs inside training")
+        raise NothingToDo("TF_CONFIG makes this process an evaluator task: no evaluator is "
+                          "needed, validation runs inside training")
     unknown = sorted(set(jobs) - {"chief", "worker", "evaluator"})
     if unknown:
         raise UserError(f"TF_CONFIG's cluster has {', '.join(unknown)} tasks; only chief, "
@@ -210,11 +210,11 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     TensorFlow's server will, and polls every peer's until all answer; a peer
     seen once may have let its port go for its own server already.
     """
-    host, _, port = cluster.address.rpartition(":")
-    try:
-        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-        local = host.strip("[]") in ("localhost", "127.0.0.1", "::1")
-        here = socket.create_server((host.strip("[]") if local else "", int(port)), family=family)
+    port = cluster.address.rpartition(":")[2]
+    try:  # on every address, as TensorFlow's server will: a port held on any one is taken
+        dual = socket.has_dualstack_ipv6()
+        here = socket.create_server(("", int(port)), dualstack_ipv6=dual,
+                                    family=socket.AF_INET6 if dual else socket.AF_INET)
     except OSError as error:
         why = os.strerror(error.errno) if error.errno else error
         raise UserError(f"{cluster.name} cannot listen on port {port}, its TF_CONFIG address "

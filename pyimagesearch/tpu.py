@@ -31,13 +31,15 @@ LOOKUP_TIMEOUT_S = 60                       # how long the TPU lookup may wait o
 REHEARSE = "use --rehearse 8 to rehearse on 8 logical CPU devices"
 
 
-def prepare(argv, environ=None, host=None):
+def prepare(argv, environ=None, host=None, library_path=None):
     """The TPU run's set-up before TensorFlow's import; what was done, in words.
 
-    `argv` gives --rehearse and --tpu (the flags are parsed for good later).
-    A route that cannot run here ends the process in one line, status 2.
+    `argv` gives --rehearse and --tpu (the flags are parsed for good later);
+    `environ`, `host` and `library_path` stand in for tests. A route that cannot
+    run here ends the process in one line, status 2.
     """
-    environ = os.environ if environ is None else environ
+    this_process = environ is None
+    environ = os.environ if this_process else environ
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     early.add_argument("--rehearse", type=lambda text: text)
     early.add_argument("--tpu")
@@ -45,9 +47,10 @@ def prepare(argv, environ=None, host=None):
     try:
         host = hosts.detect() if host is None else host
         route = choose_route(environ, host)
-        hosts.open_closed_streams()
-        environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        hosts.leave_the_tpu_alone(environ)
+        if this_process:  # what every script's first call does (host.prepare_tensorflow)
+            hosts.open_closed_streams()
+            environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            hosts.leave_the_tpu_alone(environ)
         lacking = hosts.missing(route, host)
         if lacking:
             raise UserError(lacking)
@@ -62,7 +65,7 @@ def prepare(argv, environ=None, host=None):
                 host, "train_tpu.py without KERAS_BACKEND takes Keras on JAX",
                 "add --rehearse 8"))
         _take_the_tpu(environ)
-        return _pjrt(environ, host)
+        return _pjrt(environ, host, library_path or libtpu_path)
     except UserError as error:
         hosts.stop(error)
 
@@ -77,7 +80,8 @@ def choose_route(environ, host):
         raise UserError(f"train_tpu.py runs Keras on TensorFlow or on JAX, not "
                         f"KERAS_BACKEND={asked}; set KERAS_BACKEND=jax"
                         + ("" if host.jax_tpu_image else " or KERAS_BACKEND=tensorflow"))
-    environ["KERAS_BACKEND"] = asked
+    if asked == "jax" or "KERAS_BACKEND" in environ:  # unset, Keras' default is TensorFlow
+        environ["KERAS_BACKEND"] = asked
     keras = sys.modules.get("keras")
     if keras is not None and environ is os.environ and keras.backend.backend() != asked:
         raise UserError(f"Keras was imported on {keras.backend.backend()} before "
@@ -123,24 +127,29 @@ def libtpu_path():
     return next((p for p in (path, SYSTEM_LIBTPU) if p and os.path.isfile(p)), None)
 
 
-def _pjrt(environ, host, library_path=libtpu_path):
+def _pjrt(environ, host, library_path):
     """PJRT's variables where this TPU needs them or the user asks; what was done, in words."""
     wanted = environ.get(RUNTIME_ENV) or "auto"
-    if not (host.needs_pjrt or (wanted == "pjrt" and host.tpu_chips)):
-        return "no TPU that needs PJRT"
-    if USE_C_API in environ or LIBRARY_PATH in environ:
-        return f"PJRT as you set it ({USE_C_API}, {LIBRARY_PATH})"
-    path = library_path()
-    if not path:
-        return "libtpu is not installed: pip install -r requirements-tpu.txt"
-    environ[USE_C_API], environ[LIBRARY_PATH] = "true", path
-    # tensorflow-tpu's import also opens TPU_LIBRARY_PATH: one libtpu build, not two
-    other = environ.setdefault("TPU_LIBRARY_PATH", path)
-    if os.path.realpath(other) != os.path.realpath(path):
-        print(f"[INFO] TPU_LIBRARY_PATH={other} and {LIBRARY_PATH}={path} name two libtpu "
-              "builds, and TensorFlow loads both: set TPU_LIBRARY_PATH to the same file",
+    if wanted not in ("auto", "pjrt"):
+        print(f"[INFO] {RUNTIME_ENV}={wanted} is neither auto nor pjrt: auto is used",
               file=sys.stderr)
-    return f"PJRT through {path} (libtpu {hosts.installed_version('libtpu')})"
+    path = None
+    if not (host.needs_pjrt or (wanted == "pjrt" and host.tpu_chips)):
+        said = "no TPU that needs PJRT"
+    elif USE_C_API in environ or LIBRARY_PATH in environ:
+        said, path = "PJRT as you set it", environ.get(LIBRARY_PATH)
+    elif (path := library_path()) is None:
+        said = "libtpu is not installed: pip install -r requirements-tpu.txt"
+    else:
+        environ[USE_C_API], environ[LIBRARY_PATH] = "true", path
+        said = f"PJRT through {path} (libtpu {hosts.installed_version('libtpu')})"
+    if path and os.path.isfile(path):  # tensorflow-tpu's import opens TPU_LIBRARY_PATH too:
+        other = environ.setdefault("TPU_LIBRARY_PATH", path)  # one libtpu build, not two
+        if os.path.realpath(other) != os.path.realpath(path):
+            said += f"; TPU_LIBRARY_PATH names another libtpu ({other})"
+    if environ.get("TPU_LOAD_LIBRARY") == "0":  # the user's own: it stays
+        said += "; your TPU_LOAD_LIBRARY=0 keeps TensorFlow from loading libtpu"
+    return said
 
 
 def instead_of_jax(host, drop="leave the flag out",
@@ -226,12 +235,14 @@ def cause(error):
 
 def likely_causes(environ=os.environ):
     """What a user can act on when a TPU is found but TensorFlow cannot initialise it."""
-    causes = [f"on a TPU v5e, v5p or v6e, {USE_C_API}=true and {LIBRARY_PATH}=<libtpu's "
-              "library> must be set before TensorFlow is imported (train_tpu.py does it)",
+    causes = [f"{USE_C_API}=true and {LIBRARY_PATH}=<libtpu's library> set before TensorFlow "
+              "is imported, on a TPU v5e, v5p or v6e (train_tpu.py does it)",
               "a libtpu that does not match this TensorFlow (pip install -r "
               "requirements-tpu.txt installs the pair)",
               "another process holding the chips (a second notebook, an earlier run: end it "
               "or restart the runtime)"]
+    if libtpu_path() is None:
+        causes.insert(0, "libtpu is not installed, and a TPU needs it")
     if environ.get("TPU_LOAD_LIBRARY") == "0":
         causes.insert(0, "TPU_LOAD_LIBRARY=0 in your environment, which keeps libtpu unloaded")
     return "; ".join(causes)
