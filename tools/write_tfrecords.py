@@ -66,7 +66,8 @@ def main(argv=None):
     splits = {split: source.examples(split) for split in SPLITS}
     metadata = tfrecords.write_folder(
         args.output_dir, splits, origin=source.label, origin_reason=source.reason,
-        command=["tools/write_tfrecords.py", *argv], shards=args.shards, compression=args.compression, overwrite=args.overwrite)
+        command=["tools/write_tfrecords.py", *argv], shards=args.shards,
+        compression=args.compression, overwrite=args.overwrite)
     for split, entry in metadata["splits"].items():
         size = sum(shard["bytes"] for shard in entry["shards"])
         print(f"[INFO] {split}: {entry['images']:,} images in {len(entry['shards'])} "
