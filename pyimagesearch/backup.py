@@ -191,7 +191,7 @@ class Backup(keras.callbacks.Callback):
                 pass  # SIGTERM after another worker ended training: none to stop
             return
         asked = self.interrupts.requested
-        if self.cluster:  # a JAX slice: at each epoch's end every process says
+        if self.cluster and self.backend == "jax":  # a slice: at each epoch's end all say
             asked = self.cluster.any_asked(f"sigterm/{self.step}", asked)
         if asked:
             self.save()

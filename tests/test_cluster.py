@@ -549,12 +549,23 @@ def _alive(pid):
     return True
 
 
-# slow: tests/test_cluster_forms.py runs a 2-worker step by hand in the default run
+def test_a_rehearsal_of_several_devices_per_worker_is_refused_in_one_line(in_process,
+                                                                          monkeypatch, tmp_path):
+    # TensorFlow puts one replica on a worker's CPU, whatever logical devices it has
+    monkeypatch.setenv("TF_CONFIG", _config({"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                            {"type": "worker", "index": 0}))
+    said = one_line(in_process("train_gpu.py", "--rehearse", "2", "--output-dir", tmp_path))
+    assert "--rehearse 2 under TF_CONFIG: MultiWorkerMirroredStrategy puts one replica on a " \
+           "worker's CPU; use --rehearse 1 and more workers" in said
+    assert os.listdir(tmp_path) == []
+
+
+# slow: a 2-worker step by hand is slow too; the default suite's cluster tests are cheaper
 @pytest.mark.tf_versions
 @pytest.mark.parametrize("devices, global_batch, seed", [
     pytest.param(1, 256, "42", marks=pytest.mark.slow),
     pytest.param(1, 256, "0", marks=pytest.mark.slow),
-    pytest.param(2, 512, "42", marks=pytest.mark.slow)])
+])
 def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, global_batch,
                                                    seed):
     flags = ONE_SGD_STEP + ["--seed", seed, "--rehearse", str(devices),
