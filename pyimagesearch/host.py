@@ -157,7 +157,10 @@ def missing(route, host=None, found=installed):
     installs = [f"pip install -r {requirements_file(host, route)}"] if lacking != ["jax"] else []
     if "jax" in lacking:
         installs.append('pip install "jax[tpu]"' if host.tpu_chips else "pip install jax")
-    return (f"{', '.join(lacking)} {'is' if len(lacking) == 1 else 'are'} not installed: "
+    why = (" (tf.data reads the digits, on Keras' JAX backend too)"
+           if route == "jax" and "tensorflow" in lacking else "")
+    names = ", ".join(lacking[:-1]) + " and " * (len(lacking) > 1) + lacking[-1]
+    return (f"{names} {'is' if len(lacking) == 1 else 'are'} not installed{why}: "
             f"{' and '.join(installs)}")
 
 

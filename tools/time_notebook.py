@@ -17,13 +17,13 @@ load averages to say how much there was.
 The record holds each cell's seconds, each training run's seconds and
 epochs (the notebook prints "[INFO] NAME took N s here"), the two
 article-style epochs, the factor and the estimate. The notebook reads it to
-say, before each run, how long the run will take (notebook/records.py's estimate).
+say, before each run, how long the run will take.
 """
 import argparse
+import datetime
 import json
 import os
 import pathlib
-import platform
 import re
 import statistics
 import subprocess
@@ -31,15 +31,13 @@ import sys
 import tempfile
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.files import check_output_file  # noqa: E402
+from pyimagesearch import exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser  # noqa: E402
 
 ARTICLE_CPU_EPOCH_S = 57  # the article's train_cpu.py log on Colab's CPU: epochs 2-5
 BUDGET_S = 300            # issue 32: the first Run all within 5 minutes on Colab's free CPU
@@ -47,9 +45,8 @@ CELL_TIMEOUT_S = 2400     # a bound for a hang, as tests/test_notebook.py's
 TOOK = re.compile(r"^\[INFO\] (\S+) took (\d+) s here$", re.MULTILINE)
 ARTICLE_STYLE_EPOCH = """
 import sys
-sys.path.insert(0, {root!r})
-sys.argv = ["benchmark_pipeline.py"]
-from tools import benchmark_pipeline as bench
+sys.path[:0] = [{root!r}, {root!r} + "/tools"]
+import benchmark_pipeline as bench
 from pyimagesearch import config, strategies
 strategies.cpu_only()
 dataset = bench.article_style_pipeline({data_dir!r}, config.BATCH_SIZE)
@@ -83,7 +80,11 @@ def article_style_epoch(data_dir):
 
 
 def run_notebook(copy, scratch):
-    """Run the notebook in `copy` as committed; ({cell id: seconds}, {run: seconds}, total)."""
+    """Run the notebook in `copy` as committed; ({cell id: seconds}, {run: seconds}, total).
+
+    nbclient runs it, stops at a failed cell, and records when each cell's
+    execution began and its reply came (cell.metadata.execution).
+    """
     import nbclient
     import nbformat
 
@@ -92,20 +93,19 @@ def run_notebook(copy, scratch):
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(copy)}})
-    cells = {}
     start = time.monotonic()
-    with client.setup_kernel(env=env):
-        for index, cell in enumerate(notebook.cells):
-            if cell.cell_type != "code":
-                continue
-            began = time.monotonic()
-            client.execute_cell(cell, index)
-            cells[cell.get("id", str(index))] = round(time.monotonic() - began, 1)
-            errors = [output for output in cell.outputs if output.output_type == "error"]
-            if errors:
-                raise SystemExit(f"time_notebook.py: cell {cell.get('id')} failed: "
-                                 + " ".join(errors[0].get("traceback", []))[-300:])
+    try:
+        client.execute(env=env)
+    except nbclient.exceptions.CellExecutionError as error:
+        raise SystemExit(f"time_notebook.py: a cell failed: {error.ename}: {error.evalue}")
     total = round(time.monotonic() - start, 1)
+    cells = {}
+    for index, cell in enumerate(notebook.cells):
+        times = cell.metadata.get("execution", {})
+        if cell.cell_type == "code" and "shell.execute_reply" in times:
+            began, ended = (datetime.datetime.fromisoformat(times[key]) for key in
+                            ("iopub.execute_input", "shell.execute_reply"))
+            cells[cell.get("id", str(index))] = round((ended - began).total_seconds(), 1)
     printed = "".join(output.get("text", "") for cell in notebook.cells
                       if cell.cell_type == "code" for output in cell.outputs)
     return cells, {name: int(seconds) for name, seconds in TOOK.findall(printed)}, total
@@ -128,14 +128,16 @@ def run_records(folder, runs):
 
 
 def main(argv=None):
+    from pyimagesearch.outputs import machine_info
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where the record goes")
     parser.add_argument("--cpu", type=int, default=0,
                         help="the one CPU to pin everything to (default %(default)s)")
     args = parser.parse_args(argv)
-    check_output_file(args.json)
+    files.check_output_file(args.json)
     if args.cpu not in os.sched_getaffinity(0):
         parser.error(f"--cpu {args.cpu} is not one this process may use "
                      f"({sorted(os.sched_getaffinity(0))})")
@@ -163,9 +165,7 @@ def main(argv=None):
     record = {
         "what": "notebook.ipynb as committed, top to bottom, offline, in a fresh copy, "
                 f"pinned to CPU {args.cpu}",
-        "cpu_model": next((line.split(":", 1)[1].strip() for line in
-                           pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                           if line.startswith("model name")), platform.processor()),
+        "cpu_model": machine_info()["cpu_model"],
         "cpus_on_the_machine": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "notebook_seconds": total,
@@ -185,9 +185,8 @@ def main(argv=None):
     print(f"[INFO] the notebook on one core: {total:.0f} s; an article-style epoch "
           f"{epoch:.1f} s there; on Colab's free CPU about {total:.0f} x {ARTICLE_CPU_EPOCH_S}"
           f" / {epoch:.1f} = {total * factor:.0f} s (the budget: {BUDGET_S} s)")
-    from pyimagesearch.files import publish_json
-    publish_json(args.json, record)
+    files.write_json(args.json, record)
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)
