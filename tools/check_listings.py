@@ -17,23 +17,24 @@ printed as each listing ends and, with --json, written as a record. The
 README's listings table quotes these records.
 """
 import argparse
+import importlib.metadata
 import os
+import pathlib
 import platform
 import re
-import pathlib
 import subprocess
 import sys
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli
-from pyimagesearch.files import check_output_file
-from pyimagesearch.terminal import TF_LOG_LINE
+from pyimagesearch import exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser  # noqa: E402
+
+# TensorFlow's C++ log lines, in 2.21's form ("I0000 00:00:...") or 2.20's ("2026-12-03 ...: I ")
+TF_LOG_LINE = re.compile(r"^(WARNING: All log messages|[IWEF]\d{4} |[\d-]+ [\d:.]+: [IWEF] )")
 
 MATMUL = '''
 import tensorflow as tf
@@ -238,10 +239,8 @@ def run_listing(code, timeout, legacy_keras=False, tf_keras_path=None):
     except subprocess.TimeoutExpired:
         return None, f"still running after {timeout} s; stopped", timeout
     # what the listing printed when it ran, its error when it failed; not TensorFlow's
-    # C++ log lines, in 2.21's form ("I0000 00:00:...") or 2.20's ("2026-12-03 ...: I ...")
     text = done.stdout if done.returncode == 0 and done.stdout.strip() else done.stderr
-    lines = [line for line in text.splitlines()
-             if line.strip() and not re.match(TF_LOG_LINE, line)]
+    lines = [line for line in text.splitlines() if line.strip() and not TF_LOG_LINE.match(line)]
     return done.returncode, (lines[-1] if lines else ""), round(time.monotonic() - start, 1)
 
 
@@ -288,8 +287,8 @@ def requirements():
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None,
                         help="also write the record here (default: only print each outcome)")
     parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
@@ -300,7 +299,7 @@ def main(argv=None):
                              "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
     if args.json is not None:
-        check_output_file(args.json)  # before the listings run, not after
+        files.check_output_file(args.json)  # before the listings run, not after
     import keras
     import tensorflow as tf
 
@@ -319,9 +318,8 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    from pyimagesearch.files import publish_json
-    publish_json(args.json, record)
+    files.write_json(args.json, record)
 
 
 if __name__ == "__main__":
-    cli.run_main(main)
+    exits.run_main(main)
