@@ -19,7 +19,6 @@ left out unless asked for with --setups.
 """
 import argparse
 import pathlib
-import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
@@ -67,7 +66,7 @@ def main(argv=None):
     steps = args.steps or config.TRAIN_IMAGES // args.batch_size
 
     import tensorflow as tf
-    from benchmark_pipeline import efficient_pipeline, time_epoch  # a sibling in tools/
+    from benchmark_pipeline import efficient_pipeline, take_turns, time_epoch  # siblings
     from pyimagesearch import sources, strategies
     from pyimagesearch.outputs import machine_info
     from pyimagesearch.plan import steps_per_execution
@@ -80,16 +79,13 @@ def main(argv=None):
         chosen = tf.distribute.get_strategy()
     source = sources.resolve_source(args.data_source, config.DATA_NAME)
     dataset = efficient_pipeline(source, args.batch_size)
-    seconds = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name in setups:
-            precision, jit_compile = SETUPS[name]
-            seconds[name].append(time_epoch(dataset, steps, steps_per_execution(steps),
-                                            precision=precision, jit_compile=jit_compile,
-                                            strategy=chosen))
-            print(f"[INFO] trial {trial + 1}: {name:15s} {seconds[name][-1]:6.2f} s/epoch",
-                  flush=True)
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    def timed(precision, jit_compile):
+        return lambda trial: time_epoch(dataset, steps, steps_per_execution(steps),
+                                        precision=precision, jit_compile=jit_compile,
+                                        strategy=chosen)
+
+    seconds, medians = take_turns({name: timed(*SETUPS[name]) for name in setups},
+                                  args.trials, width=15)
     baseline = medians.get("float32")
     print(f"\nepoch of {steps} steps x {args.batch_size} images on {args.device}, "
           f"median of {args.trials} trials" + ("; speed-up over float32" if baseline else ""))

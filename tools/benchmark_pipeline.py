@@ -6,41 +6,29 @@
     python tools/benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
     python tools/benchmark_pipeline.py --floor --trials 5 --json floor.json   # the sample
 
-Training mode (the default): the pipelines read the same prepared tfds MNIST
-and feed the same model, loss, optimizer and batch (128) on the CPU, in this
-one process, taking turns.
-
-- ``efficient`` is train_cpu.py's pipeline (``Source.dataset``): decode every
-  PNG once, keep uint8 images in memory, shuffle, batch, convert a whole batch
-  at once, prefetch.
-- ``article-style`` is how a tfds pipeline is usually written: ``tfds.load``,
-  then a per-image ``map`` to float, shuffle and batch every epoch; no cache,
-  so every epoch decodes all 60,000 PNGs again, and no prefetch. (tfds
-  itself would keep a dataset under 250 MiB in memory after its first pass,
-  which hides the decoding for MNIST but for no dataset big enough to need
-  distributed training; that cache is switched off here.)
-
-A third set-up, ``train_cpu.py``, is the efficient pipeline with the
-training script's other speed-up, several steps per call into the compiled
-train function (``steps_per_execution``). Each trial trains two epochs of
-468 steps (``--steps``) and keeps the second (the first includes tracing).
-Speed-ups are article-style seconds over each set-up's, medians over the
-trials; `--json` writes all the figures.
+Training mode (the default): the set-ups read the same prepared tfds MNIST and
+train the same model, loss, optimizer and batch (128) on the CPU, taking turns
+in this one process. ``article-style`` is how a tfds pipeline is usually
+written: ``tfds.load``, a per-image ``map`` to float, shuffle, batch, no
+prefetch, and no cache, so every epoch decodes all 60,000 PNGs again (tfds'
+own cache of datasets under 250 MiB, which hides that for MNIST but for no
+dataset big enough to need distributed training, is switched off).
+``efficient pipeline`` is train_cpu.py's (``Source.dataset``): every PNG
+decoded once, uint8 images in memory, a whole batch converted at once,
+prefetch; ``train_cpu.py`` adds the script's several steps per call
+(``steps_per_execution``). A trial trains two epochs of --steps and keeps the
+second (the first includes tracing); speed-ups are medians over the trials.
 
 Floor mode (``--floor``): train_cpu.py's epoch as the script runs it (its
-pipeline, steps per execution, one-CPU strategy and validation pass) against
-its floor, the same steps on one batch already in memory with no
-validation, taking turns in this one process; the figure is their ratio.
+pipeline, steps per execution, strategy and validation pass) against the same
+steps on one batch already in memory without validation; their ratio.
 
-Input-only mode (``--input-only``): no model, the input pipelines alone,
-drained batch by batch inside a compiled function as a training step would
-pull them: the article-style pipeline, the TFRecord reader
-(``--data-source tfrecord``; the TFRecords are written from --data-dir into
-a temporary folder unless --tfrecord-dir names a folder write_tfrecords.py
-wrote), the in-memory pipeline (``pipeline.make_pipeline``), and tfds' own
-in-memory cache of the article-style pipeline for reference. Each trial
-drains one untimed epoch (tracing, opening files, filling the shuffle
-buffer and tfds' cache), then times --epochs more; the figure is images per
+Input-only mode (``--input-only``): no model, the pipelines alone, drained
+inside a compiled function as a training step pulls them: article-style, the
+TFRecord reader (written from --data-dir into a temporary folder unless
+--tfrecord-dir names one write_tfrecords.py wrote), the in-memory pipeline, and
+article-style with tfds' cache. Each trial drains one untimed epoch (tracing,
+files, shuffle buffers, tfds' cache), then times --epochs more: images per
 second, the median over the trials.
 """
 import argparse
@@ -161,19 +149,13 @@ def floor(args, source, command):
     validation = source.size(config.VALIDATION_FLAG)
     one_batch = next(iter(efficient_pipeline(source, batch)))
     setups = {
-        "train_cpu.py epoch": lambda: time_epoch(
+        "train_cpu.py epoch": lambda trial: time_epoch(
             efficient_pipeline(source, batch), steps, spe, strategy=strategy,
             validation_data=get_validation(source, batch)),
-        "floor": lambda: time_epoch(tf.data.Dataset.from_tensors(one_batch).repeat(), steps,
-                                    spe, strategy=strategy),
+        "floor": lambda trial: time_epoch(tf.data.Dataset.from_tensors(one_batch).repeat(),
+                                          steps, spe, strategy=strategy),
     }
-    seconds = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, timed in setups.items():
-            seconds[name].append(timed())
-            print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch",
-                  flush=True)
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    seconds, medians = take_turns(setups, args.trials)
     ratios = [epoch / low for epoch, low in zip(seconds["train_cpu.py epoch"],
                                                   seconds["floor"])]
     print(f"\nepoch of {steps} steps x {batch} images ({spe} per execution), validation "
@@ -190,6 +172,18 @@ def floor(args, source, command):
             "command": command, "machine": machine_info(),
             "load_average_1min": os.getloadavg()[0],
             "tensorflow_version": tf.__version__}
+
+
+def take_turns(setups, trials, width=18):
+    """Seconds of each set-up ({name: timed(trial)}) in `trials` rounds, taking turns, each
+    said as it ends; and their medians."""
+    seconds = {name: [] for name in setups}
+    for trial in range(trials):
+        for name, timed in setups.items():
+            seconds[name].append(timed(trial))
+            print(f"[INFO] trial {trial + 1}: {name:{width}s} {seconds[name][-1]:6.2f} "
+                  "s/epoch", flush=True)
+    return seconds, {name: statistics.median(values) for name, values in seconds.items()}
 
 
 def get_validation(source, batch_size):
@@ -222,32 +216,6 @@ def images_per_second(dataset, steps, epochs, batch_size):
         drain(tf.constant(steps)).numpy()
         rates.append(steps * batch_size / (time.perf_counter() - start))
     return rates
-
-
-def time_input_pipelines(setups, args, batch):
-    """Images per second of each epoch of each trial of every pipeline in `setups`, in turns."""
-    per_epoch = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, build in setups.items():
-            rates = images_per_second(build(), args.steps, args.epochs, batch)
-            per_epoch[name].append(rates)
-            print(f"[INFO] trial {trial + 1}: {name:25s} "
-                  + " ".join(f"{rate:9,.0f}" for rate in rates) + " images/s")
-    return per_epoch
-
-
-def input_only_summary(per_epoch, args, batch):
-    """Each pipeline's figure per trial, their medians and speed-ups, printed; the three."""
-    # a trial's figure: all its timed images over all its timed seconds
-    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
-                 for name, trials in per_epoch.items()}
-    medians = {name: statistics.median(values) for name, values in per_trial.items()}
-    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
-    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
-          f"{args.trials} trials; speed-up over article-style")
-    for name, value in medians.items():
-        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
-    return per_trial, medians, ratios
 
 
 def input_only(args, source, command):
@@ -287,13 +255,26 @@ def input_only(args, source, command):
             "article_style_tfds_cache": lambda: article_style_pipeline(
                 source.data_dir, batch, tfds_cache=True),
         }
-        load = [os.getloadavg()[0]]
-        per_epoch = time_input_pipelines(setups, args, batch)
+        load, per_epoch = [os.getloadavg()[0]], {name: [] for name in setups}
+        for trial in range(args.trials):
+            for name, build in setups.items():
+                per_epoch[name].append(images_per_second(build(), args.steps, args.epochs,
+                                                         batch))
+                print(f"[INFO] trial {trial + 1}: {name:25s} "
+                      + " ".join(f"{rate:9,.0f}" for rate in per_epoch[name][-1]) + " images/s")
         load.append(os.getloadavg()[0])
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    per_trial, medians, ratios = input_only_summary(per_epoch, args, batch)
+    # a trial's figure: all its timed images over all its timed seconds
+    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
+                 for name, trials in per_epoch.items()}
+    medians = {name: statistics.median(values) for name, values in per_trial.items()}
+    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
+    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
+          f"{args.trials} trials; speed-up over article-style")
+    for name, value in medians.items():
+        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
     return {**medians, "speedup_over_article_style": ratios,
             "trials": per_trial, "epochs": per_epoch,
             "steps_per_epoch": args.steps, "timed_epochs_per_trial": args.epochs,
@@ -379,22 +360,19 @@ def main(argv=None):
         if args.json:
             files.write_json(args.json, figures)
         return
-    steps = args.steps
+    steps, batch = args.steps, config.BATCH_SIZE
     spe = steps_per_execution(steps)
-    # name -> (pipeline, steps per execution)
-    batch = config.BATCH_SIZE
+
     setups = {"article-style": (lambda: article_style_pipeline(source.data_dir, batch), 1),
               "efficient pipeline": (lambda: efficient_pipeline(source, batch), 1),
               "train_cpu.py": (lambda: efficient_pipeline(source, batch), spe)}
-    seconds = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, (build, execution) in setups.items():
-            dataset = build()
-            profile = (os.path.join(args.profile_dir, name.replace(" ", "_"))
-                       if args.profile_dir and trial == 0 else None)
-            seconds[name].append(time_epoch(dataset, steps, execution, profile))
-            print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch")
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+
+    def timed(name, pipeline, execution):  # a profile of each set-up's first trial
+        profile = args.profile_dir and os.path.join(args.profile_dir, name.replace(" ", "_"))
+        return lambda trial: time_epoch(pipeline(), steps, execution, None if trial else profile)
+
+    seconds, medians = take_turns({name: timed(name, *setup) for name, setup in setups.items()},
+                                  args.trials)
     baseline = medians["article-style"]
     ratios = {name: baseline / value for name, value in medians.items()}
     print(f"\nepoch of {steps} steps x {config.BATCH_SIZE} images, median of "

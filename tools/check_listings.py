@@ -18,6 +18,7 @@ README's listings table quotes these records.
 """
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import platform
@@ -251,8 +252,6 @@ def requirements():
     (tensorflow-datasets lists matplotlib under extras, importlib_resources
     for Python < 3.9 only).
     """
-    import importlib.util
-
     from packaging.requirements import Requirement
 
     def requires(name):
@@ -268,8 +267,8 @@ def requirements():
     tfds_requires, tfds_lines = requires("tensorflow-datasets")
     tfds_root = os.path.dirname(importlib.util.find_spec("tensorflow_datasets").origin)
     importers = []
-    for folder, _, files in os.walk(tfds_root):
-        for name in files:
+    for folder, _, names in os.walk(tfds_root):
+        for name in names:
             if name.endswith(".py") and "_test" not in name:
                 path = os.path.join(folder, name)
                 with open(path, errors="replace") as handle:
