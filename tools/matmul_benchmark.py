@@ -18,11 +18,10 @@ devices' arithmetic peak and bytes moved per second against their memory
 bandwidth, where that is known.
 
 The article starts a timer, issues the op and stops the timer: on a GPU or
-TPU that measures only the *launch*, because the device runs asynchronously,
-and the first call also pays for set-up. Here the op is compiled once, run a
-few times to warm up, then timed over many repetitions, each waiting for the
-device to finish (`tf.test.experimental.sync_devices()`, or fetching a value)
-before the clock stops. The naive single timing is shown beside it.
+TPU that times only the *launch* (the device runs asynchronously), and the
+first call also pays for set-up. Here the op is compiled, warmed up, then
+timed over many repetitions, each until the devices are done; the naive
+single timing is shown beside it.
 
 Who times it is chosen as train_tpu.py chooses its route (tpu.choose_route):
 TensorFlow, the article's, unless KERAS_BACKEND=jax asks for JAX, or --device
@@ -311,16 +310,12 @@ def _gpu_names():
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def timed_calls(strategy, step, args, count):
-    """Seconds of each of `count` calls of `step(*args)`, each until its value is back."""
-    import tensorflow as tf
-
+def timed_calls(call, count):
+    """Seconds of each of `count` calls of `call()`, which returns once the devices are done."""
     seconds = []
     for _ in range(count):
         start = time.perf_counter()
-        last = step(*args)
-        tf.test.experimental.sync_devices()
-        strategy.experimental_local_results(last)[0].numpy()  # waits for the value
+        call()
         seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -394,7 +389,12 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
         # touch one value per replica so the work cannot be skipped
         return strategy.run(lambda r: r[0, 0, 0], args=(result,))
 
-    seconds = timed_calls(strategy, step, (w, x, b), warmup + repeats)
+    def call():  # the step, then every device done and a value back
+        last = step(w, x, b)
+        tf.test.experimental.sync_devices()
+        return strategy.experimental_local_results(last)[0].numpy()
+
+    seconds = timed_calls(call, warmup + repeats)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     cpus = usable_cpus()
     name, peaks = device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus)
@@ -434,18 +434,6 @@ def split_batch(replicas):
                         f"{replicas} replicas")
 
 
-def jax_timed_calls(step, args, count):
-    """Seconds of each of `count` calls of `step(*args)`, each until the device is done."""
-    seconds = []
-    for _ in range(count):
-        start = time.perf_counter()
-        result = step(*args)
-        result.block_until_ready()  # JAX dispatches asynchronously: wait for the result
-        seconds.append(time.perf_counter() - start)
-        del result  # 1 GiB: not held while the next call makes its own
-    return seconds
-
-
 def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None):
     """Time the article's op with jax.numpy; return a dict of figures (run_benchmark's)."""
     import jax
@@ -480,7 +468,8 @@ def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehea
 
     # compiled before the clock starts (jit's lower and compile: jax 0.7.2's AOT API)
     step = jax.jit(lambda w, x, b: jnp.matmul(w, x) + b).lower(w, x, b).compile()
-    seconds = jax_timed_calls(step, (w, x, b), warmup + repeats)
+    # JAX dispatches asynchronously: each call waits for its result, then lets it go (1 GiB)
+    seconds = timed_calls(lambda: step(w, x, b).block_until_ready(), warmup + repeats)
     cpus = usable_cpus()
     name, peaks = device_name_and_peaks(device, dtype, rehearse, len(devices), False, cpus)
     if device == "tpu" and not rehearse:
