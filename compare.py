@@ -4,24 +4,21 @@
     python compare.py                      # reads outputs/*.json
     python compare.py outputs outputs/quoted/large_batch/*/ --output-dir /tmp/cmp
 
-Reads every run record (cpu.json, tpu_rehearsal.json, tpu_lr-scaling-sqrt.json:
-a run's name says its device, the flags that set it apart and, for a CPU on
-a GPU or TPU runtime, that runtime) in the folders given (default: outputs),
-prints Table 1 as Markdown and writes it to comparison.md in --output-dir
-(default: the first folder). Rows are named by their file; where two
-folders hold runs of the same name, by folder and file
-(fixed_steps/tpu_rehearsal). Each row says what trained (device), where
-(runtime), for how many epochs and with which flags. The first epoch is
-reported apart from the rest, since it includes tracing (and on a TPU,
-compilation); a run of one epoch has no later epochs, and no ms/step or
-images/s, which are theirs. Epoch seconds include the validation pass;
-ms/step and images/s count the training steps alone. A file that is not a
-run record is named and skipped.
+Reads every run record (cpu.json, tpu_rehearsal.json, tpu_lr-scaling-sqrt.json: a
+run's name says its device, the flags that set it apart and, for a CPU on a GPU or
+TPU runtime, that runtime) in the folders given (default: outputs), prints Table 1
+as Markdown and writes it to comparison.md in --output-dir (default: the first
+folder). A row is named by its file, or by folder and file where two folders hold
+runs of the same name (fixed_steps/tpu_rehearsal), and says what trained, where,
+for how many epochs and with which flags. Epoch 1 stands apart (it includes
+tracing and compilation; a run of one epoch has no later epochs, ms/step or
+images/s). Epoch seconds include validation; ms/step and images/s count the
+training steps alone. A file that is not a run record is named and skipped.
 
-comparison.png shows the same 8 validation digits reconstructed by at most
-6 runs, with their validation loss per epoch: the runs named by --figure,
-else the 6 that started last, and one line names those left out. Only their
-models are loaded, so a folder of hundreds of runs compares in seconds.
+comparison.png shows the same 8 validation digits reconstructed by at most 6 runs
+(those --figure names, else the 6 that started last; one line names the others),
+with their validation loss per epoch. Only their models are loaded, so a folder
+of hundreds of runs compares in seconds.
 """
 import argparse
 import json

@@ -4,22 +4,19 @@
     python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1 --epochs 1
 
 Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
-real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
-(see the README). Under KERAS_BACKEND=jax each gets Keras' KERAS_DISTRIBUTION_*
-variables instead, worker 0's port as JAX's coordinator: the processes of a
-TPU slice (`KERAS_BACKEND=jax python tools/launch_workers.py --workers 2 --
-train_tpu.py --rehearse 4`, docs/tpus.md). Output lines are prefixed with the worker's index. When
-a worker fails or is killed, the others are stopped (SIGTERM, then SIGKILL
-after STOP_GRACE_SECONDS) and the launcher exits with that worker's status
-(128 + N for a signal N), after one line naming the worker and its status.
-The others first get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
-what a real cluster's survivors do), then SIGTERM, then SIGKILL after
-STOP_GRACE_SECONDS: within a minute in all. Whatever ends the launcher ends
-its workers too: Ctrl-C, SIGTERM, SIGHUP (its terminal closing) or SIGQUIT
-stop them all at once (exit 128 + the signal), and on Linux a launcher killed
-outright (SIGKILL) has the kernel send each worker SIGTERM. No process is left
-behind. When the launcher's own output is closed (`| head`), the workers'
-lines are dropped and the run goes on, as the training scripts do.
+real cluster's machines get theirs (see the README); under KERAS_BACKEND=jax,
+Keras' KERAS_DISTRIBUTION_* variables instead, worker 0's port as JAX's
+coordinator: the hosts of a TPU slice (`KERAS_BACKEND=jax python
+tools/launch_workers.py --workers 2 -- train_tpu.py --rehearse 4`, docs/tpus.md).
+Their lines are prefixed with the worker's index. When a worker fails, the
+others get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves,
+as a real cluster's survivors do, then SIGTERM, then SIGKILL after
+STOP_GRACE_SECONDS; the launcher exits with the failed worker's status (128 + N
+for a signal N) after one line naming it. Whatever ends the launcher ends its
+workers too: Ctrl-C, SIGTERM, SIGHUP (its terminal closing) or SIGQUIT (exit
+128 + the signal), and on Linux even SIGKILL (the kernel sends each worker
+SIGTERM). When its own output is closed (`| head`), the workers' lines are
+dropped and the run goes on, as the training scripts do.
 
 TensorFlow's gRPC servers listen on every interface of the machine, not only
 on the address in TF_CONFIG, so on Linux the launcher first moves itself into
@@ -49,8 +46,6 @@ from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
 PEER_GRACE_SECONDS = 30  # how long the others get to notice a failed worker themselves
 STOP_GRACE_SECONDS = 20  # how long stopped workers get to exit before SIGKILL
 _IN_NAMESPACE = "PYIMAGESEARCH_LAUNCHER_NETNS"  # set once we are inside our namespace
-
-
 MAX_WORKERS = 16  # TensorFlow processes on one machine, each about 1 GB
 
 
