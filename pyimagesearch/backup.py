@@ -265,7 +265,8 @@ def _running(pid):
 
 def preemption_handler_acts():
     """Whether TensorFlow's PreemptionCheckpointHandler acts here: on Google Cloud's CPU and TPU
-    VMs it does nothing at all (failure_handling.py: "We can make it work upon request")."""
+    VMs it does nothing at all (none filed; failure_handling.py: "We can make it work upon
+    request"; still so in TensorFlow 2.19 to 2.21)."""
     from tensorflow.python.distribute.failure_handling import failure_handling_util as util
     devices = util.PlatformDevice
     return util.detect_platform() not in (devices.GCE_CPU, devices.GCE_TPU)

@@ -240,7 +240,8 @@ def multi_worker(cluster, rehearse=None, startup_timeout_s=300.0):
 
     Each worker trains on its GPUs (all-reduced with NCCL), or with --rehearse 1
     on its CPU (TensorFlow's AUTO). TensorFlow puts one replica on a worker's
-    CPU, whatever logical devices it has: a rehearsal is one device per worker.
+    CPU, whatever logical devices it has (none public: its TODO b/126786766; still
+    so in 2.21): a rehearsal is one device per worker.
     """
     from pyimagesearch.strategies import check_gpus, cpu_only
     if rehearse and rehearse > 1:

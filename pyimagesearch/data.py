@@ -39,7 +39,8 @@ def distribute(plan, make):
     - a rehearsal on logical CPU devices: one pipeline per replica, read on the
       CPU. TensorFlow's per-device input buffers otherwise wait on their
       autotuning threads as Keras tears them down (with 8 devices, epochs of
-      6 s took 20 s to minutes here, on TensorFlow 2.19 and 2.21);
+      6 s took 20 s to minutes here; none filed, its warning is
+      tensorflow/tensorflow#61816; still so in TensorFlow 2.19 to 2.21);
     - Keras on JAX: DataParallel splits each global batch between the devices,
       and across processes by data, never by file (Keras 3.12's auto-shard
       would give each process whole TFRecord files of its own);

@@ -107,8 +107,8 @@ class ReplicasAgreeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Keras 3.15 decides whether gradients overflowed from each replica's own,
     before the all-reduce: under MirroredStrategy the first replica's alone,
     under MultiWorkerMirroredStrategy each one's, so one worker may skip the
-    all-reduce another enters, and both hang (tests/test_speed_levers.py
-    notices when Keras no longer does). Here the replicas all-reduce their
+    all-reduce another enters, and both hang (none filed; still so in Keras
+    3.15.1: tests/test_speed_levers.py). Here the replicas all-reduce their
     "finite" flags first. On JAX one step sees the whole batch's gradient.
     """
 

@@ -777,3 +777,22 @@ def test_a_real_cluster_takes_the_chiefs_data_decision(launch, tmp_path, monkeyp
     assert status == 0, "\n".join(run.lines[-20:]) + err
     said = [line for line in run.lines if "] [INFO] data source:" in line]
     assert len(said) == 2 and said[0].split("] ", 1)[1] == said[1].split("] ", 1)[1], said
+
+
+def test_several_gpu_machines_all_reduce_with_nccl_and_a_rehearsal_with_auto(monkeypatch):
+    from pyimagesearch import cluster as clusters
+
+    made = []
+
+    class Recorded:
+        def __init__(self, communication_options=None):
+            made.append(communication_options.implementation.name)
+
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
+    monkeypatch.setattr(clusters, "wait_for_peers", lambda cluster, timeout_s: None)
+    pair = Cluster(2, "worker", 0, False, "127.0.0.1:1", (("worker 1", "127.0.0.1:2"),))
+    clusters.multi_worker(pair)
+    clusters.multi_worker(pair, rehearse=1)
+    assert made == ["NCCL", "AUTO"]

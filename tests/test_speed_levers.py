@@ -193,3 +193,30 @@ def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(loop):
     assert float(np.asarray(optimizer.dynamic_scale.value)) == 2.0 ** 14  # halved once
     slots = [v.numpy() for v in optimizer.inner_optimizer.variables if v.dtype == "float32"]
     assert all(np.isfinite(v).all() for v in slots)  # no inf in Adam's state
+
+
+class _FakeGpus:
+    """MirroredStrategy over two GPUs, as far as the scripts look before training."""
+
+    num_replicas_in_sync = 2
+
+    def __init__(self, *args, **kwargs):
+        self.extended = type("Extended", (), {"worker_devices": ("/gpu:0", "/gpu:1")})()
+
+
+def test_xla_with_fit_on_several_gpus_is_refused_and_the_custom_loop_is_not(monkeypatch,
+                                                                           tmp_path):
+    # keras-team/keras#19005: fit compiles every GPU's step into one XLA program
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [
+        "GPU:0", "GPU:1"] if kind == "GPU" else real(kind))
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", _FakeGpus)
+    with pytest.raises(UserError, match=r"^--jit-compile with fit cannot train on 2 "
+                                        r"replicas: .*add --loop custom"):
+        train_gpu.main(["--jit-compile", "--data-source", "sample", "--output-dir",
+                        str(tmp_path)])
+    # the custom loop compiles each GPU's step on its own: past the check, the fake
+    # strategy's missing parts are what stops it
+    with pytest.raises(AttributeError):
+        train_gpu.main(["--jit-compile", "--loop", "custom", "--data-source", "sample",
+                        "--output-dir", str(tmp_path)])

@@ -603,3 +603,33 @@ def test_a_tpu_at_an_ipv6_address_is_one_line_that_names_it(tmp_path):
     with pytest.raises(UserError, match=r"^TensorFlow's TPUClusterResolver cannot take the "
                                         r"IPv6 address grpc://\[::1\]:8470; give"):
         train_tpu.main(["--tpu", "grpc://[::1]:8470", "--output-dir", str(tmp_path)])
+
+
+class _TpuNode:
+    """TPUStrategy on a TPU Node, as far as cli.plan looks: 8 cores behind a grpc:// address."""
+
+    num_replicas_in_sync = 8
+
+    def __init__(self, address="grpc://10.0.0.2:8470"):
+        self.cluster_resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--backup-dir", "backup"], "--backup-dir backup"),
+    (["--logdir", "logs"], "--logdir logs"),
+    (["--profile-steps", "1,2"], "--logdir logs"),
+    (["--data-source", "tfrecord", "--data-dir", "records"], "--data-dir records")])
+def test_a_tpu_node_refuses_local_folders_its_host_cannot_see(flags, named, tmp_path,
+                                                              monkeypatch):
+    from pyimagesearch import cli
+
+    monkeypatch.chdir(tmp_path)
+    args = cli.parse_args("tpu", "", flags)
+    with pytest.raises(UserError, match=rf"^a TPU Node \(grpc://10\.0\.0\.2:8470\) reads and "
+                                        rf"writes through its own host.*{named} must be in a "
+                                        r"bucket \(gs://\.\.\.\)"):
+        cli.plan("tpu", args, _TpuNode())
+    buckets = cli.parse_args("tpu", "", ["--backup-dir", "ram://b/backup", "--logdir",
+                                         "ram://b/logs", "--data-source", "sample",
+                                         "--batch-size", "8"])
+    assert cli.plan("tpu", buckets, _TpuNode()).is_chief  # buckets: no complaint
