@@ -4,15 +4,12 @@
     python tools/benchmark_compare.py --runs 200 --json outputs/quoted/benchmarks/compare_200.json
     python tools/benchmark_compare.py --compare /tmp/old/compare.py   # another version
 
-A notebook that keeps its runs across sessions gathers many. This makes
-`--runs` run records in a temporary folder, each with its model, from the
-records and models of a folder of real runs (`--from`, default
-outputs/quoted: cpu, gpu_rehearsal, tpu_rehearsal), each under a name of its
-own (cpu_seed-7, as a run with --seed 7 would be called) and a start time of
-its own. Then it times `python compare.py FOLDER` in a fresh process, start
-to end (TensorFlow's import included), and reports the seconds, the runs in
-Table 1, and any warning compare.py printed (matplotlib's "constrained_layout
-not applied" among them).
+A notebook that keeps its runs across sessions gathers many. This copies the
+records and models of a folder of real runs (`--from`, default outputs/quoted)
+into `--runs` runs in a temporary folder, each with a name (cpu_seed-7, as a run
+with --seed 7 is called) and a start time of its own, then times `python
+compare.py FOLDER` in a fresh process, start to end, and reports the seconds, the
+rows of Table 1 and any warning compare.py printed (matplotlib's among them).
 """
 import argparse
 import datetime

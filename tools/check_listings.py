@@ -5,15 +5,12 @@
     # the same with TensorFlow 2.20's Python
     VENV220/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
 
-Each listing is the article's code (set-up, the three matmul timings, the
-TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
-inference lines, tfds.load with try_gcs; one SGD step with MSELoss(scale=1)
-on 2 replicas against 1 device, and the loss fit prints with MSELoss(scale=1)
-against MSELoss(scale=N) on 2 and 8 replicas, under Keras 3 and under
-tf_keras with TF_USE_LEGACY_KERAS=1) run by the Python that runs this
-script, so the record says which TensorFlow and Keras it was. For each: the
-exit status, the last line printed (the error, if any) and the seconds taken,
-printed as each listing ends and, with --json, written as a record. The
+Each listing is the article's code (the matmul timings, the TPU and loss imports,
+the model, MSELoss(scale=1) under a strategy, inference, tfds.load with try_gcs;
+one SGD step and the loss fit prints with MSELoss(scale=1) on 2 or 8 replicas,
+under Keras 3 and tf_keras) run by this script's Python, so the record says which
+TensorFlow and Keras it was: each one's exit status, last line printed (its
+error, if any) and seconds, printed as it ends and, with --json, recorded. The
 README's listings table quotes these records.
 """
 import argparse

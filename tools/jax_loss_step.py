@@ -3,22 +3,17 @@
     JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py 8:1 8:8 [--json FILE]
     JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py --loop custom 1:1 8:1 8:8
 
-For each `N:scale`: `pyimagesearch`'s AutoEncoder and MSELoss(scale) take one
-SGD step on DataParallel over N JAX CPU devices, from the same weights on
-the same global batch as one device's step with `fit`. Prints (and with --json writes) the
-ratio of the step to the one-device step (1.000: the same step; projected
-onto it) and the largest difference between the two. With the article's
-scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
-(tests/test_loss_scaling.py): one jitted step sees the whole global batch.
-With `--loop custom` the step is the custom loop's (pyimagesearch/jax_loop.py),
-whose loss is the per-image errors' sum over the global batch divided by its
-size, whatever the compiled MSELoss's scale: the ratio is 1 for every case.
-With `--precision mixed_float16` the step computes in float16 with Keras' loss
-scaling (the record adds the loss scale after the step): its ratio to the
-float32 step is 1 within float16's precision, not the 32768 of a scale left in.
-Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py):
-JAX and Keras are imported once the arguments are read, so that importing
-this module (parse_args, as tests/test_docs_commands.py does) loads neither.
+For each `N:scale`: the AutoEncoder and MSELoss(scale) take one SGD step on
+DataParallel over N JAX CPU devices, from the weights and global batch of one
+device's step with `fit`. Printed (and with --json written): the step's ratio to
+the one-device step (projected onto it; 1.000: the same) and their largest
+difference. With the article's scale=1 the ratio is 1 on JAX, where Keras 3 on
+tf.distribute needs scale=N: one jitted step sees the whole global batch. With
+`--loop custom` (jax_loop.py's step: the per-image errors' sum over the global
+batch divided by its size) it is 1 whatever the scale. With `--precision
+mixed_float16` (Keras' loss scaling; the record adds the scale after the step) it
+is 1 within float16's precision, not the 32768 of a scale left in. JAX and Keras
+are imported once the arguments are read: importing this module loads neither.
 """
 import argparse
 import datetime

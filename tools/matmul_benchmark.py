@@ -9,13 +9,11 @@
     KERAS_BACKEND=jax python tools/matmul_benchmark.py --device tpu --rehearse 8
 
 The operation is the article's: w (1024, 512, 16) @ x (1024, 16, 512) + b
-(1024, 512, 512). The matmul is 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the
-add's 0.27 GFLOP is not counted). In float32 it reads w, x (32 MiB each) and
-b (1 GiB) and writes a 1 GiB result: 2.21 GB for 8.59 GFLOP, under 4 FLOP
-per byte, so it is bound by memory bandwidth on every CPU, GPU and TPU, not
-by arithmetic. The script therefore reports both rates: FLOP/s against the
-devices' arithmetic peak and bytes moved per second against their memory
-bandwidth, where that is known.
+(1024, 512, 512), a matmul of 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the add's
+0.27 not counted). In float32 it reads w, x (32 MiB each) and b (1 GiB) and
+writes 1 GiB: under 4 FLOP per byte, bound by memory bandwidth on every CPU, GPU
+and TPU. Both rates are reported: FLOP/s against the devices' arithmetic peak,
+bytes per second against their memory bandwidth where it is known.
 
 The article starts a timer, issues the op and stops the timer: on a GPU or
 TPU that times only the *launch* (the device runs asynchronously), and the
