@@ -22,21 +22,20 @@ MAX_STARTUP_TIMEOUT_S = 86_400.0            # a day; TensorFlow takes millisecon
 
 def integer(low, high=None):
     """A flag type: an integer from `low` to `high`."""
-    def parse(text):
-        value = int(text)  # a ValueError: argparse says "invalid integer value"
+    def integer(text):  # its name is argparse's word: "invalid integer value"
+        value = int(text)
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {text}"
                                              if high is not None else
                                              f"must be at least {low}, got {text}")
         return value
 
-    parse.__name__ = "integer"
-    return parse
+    return integer
 
 
 def number(high=float("inf")):
     """A flag type: a finite number above 0 and at most `high`."""
-    def parse(text):
+    def number(text):
         value = float(text)
         if not 0 < value <= high or value == float("inf"):  # nan fails both
             raise argparse.ArgumentTypeError("must be a finite number above 0"
@@ -44,8 +43,7 @@ def number(high=float("inf")):
                                                 else "") + f", got {text}")
         return value
 
-    parse.__name__ = "number"
-    return parse
+    return number
 
 
 def step_range(text):
@@ -125,6 +123,7 @@ def build_parser(device, description=""):
     if tpu:
         add("--tpu", help="TPU name or grpc:// address (default: found from the environment: "
                           "Colab, Kaggle or a TPU VM)")
+    parser.set_defaults(rehearse=None, startup_timeout=300.0)  # train_cpu.py has neither
     return parser
 
 
@@ -132,7 +131,6 @@ def parse_args(device, description, argv=None):
     """The flags of train_<device>.py, checked; `args.cluster`: this process's place in the
     cluster TF_CONFIG describes (train_gpu.py), else None."""
     args = build_parser(device, description).parse_args(argv)
-    args.rehearse = getattr(args, "rehearse", None)
     for flag in ("output_dir", "backup_dir", "logdir", "data_dir"):
         if getattr(args, flag) == "":
             raise UserError(f"--{flag.replace('_', '-')} is empty; give a folder, or leave "
@@ -145,22 +143,22 @@ def parse_args(device, description, argv=None):
         if folder and args.backup_dir and _within(folder, args.backup_dir):
             raise UserError(f"{flag} {folder} is inside --backup-dir {args.backup_dir}, which is "
                             "deleted when the run ends; give them separate folders")
-    args.cluster = None
+    cluster = None
     if "TF_CONFIG" in os.environ or "JOBSET_NAME" in os.environ:
         import keras
         if keras.backend.backend() == "tensorflow":
             from pyimagesearch.cluster import read_tf_config
-            args.cluster = read_tf_config()
-        if args.cluster and device != "gpu":
-            raise UserError(f"TF_CONFIG names a cluster of {args.cluster.workers} workers, but "
+            cluster = read_tf_config()
+        if cluster and device != "gpu":
+            raise UserError(f"TF_CONFIG names a cluster of {cluster.workers} workers, but "
                             f"train_{device}.py trains on one machine; run train_gpu.py on every "
                             "machine (--rehearse 1 trains on their CPUs), or unset TF_CONFIG")
     from pyimagesearch.files import check_output_dir
     for folder, kind in ((args.output_dir, "output folder"), (args.backup_dir, "--backup-dir "
                          "folder"), (args.logdir, "--logdir folder")):
-        if folder and (args.cluster is None or args.cluster.is_chief):  # it alone writes
+        if folder and (cluster is None or cluster.is_chief):  # it alone writes
             check_output_dir(folder, kind)
-    return args
+    return argparse.Namespace(**vars(args), cluster=cluster)
 
 
 def _within(path, folder):
@@ -233,7 +231,7 @@ def refuse(run, strategy):
         if settings.profile_steps and callable(getattr(trace, "enabled", None)):
             # jaxlib's profiler sets TensorFlow's tracing switch to a bool as a trace starts,
             # where TensorFlow 2.21 has a function: every tf.data call then fails. No upstream
-            # report; seen with jax 0.7.2 (tests/test_jax_route.py notices when it changes)
+            # report; seen with jax 0.7.2 (tests/test_jax.py notices when it changes)
             raise UserError("--profile-steps on Keras' JAX backend needs TensorFlow 2.20 or "
                             "earlier (TensorFlow 2.21's tracing switch is one JAX's "
                             "profiler breaks); requirements-jax-tpu.txt installs "

@@ -26,7 +26,7 @@ TPU_GENERATIONS = {"0x0027": "v2/v3", "0x005e": "v4", "0x0062": "v5p", "0x0063":
                    "0x006f": "v6e", "0x0076": "7x"}
 VFIO_GENERATION = "v5e or later"  # chips seen only as /dev/vfio/N (a container)
 # generations TensorFlow reaches only through its PJRT runtime (tpu.py)
-PJRT_ONLY = {"v5p", "v5e", "v6e", "7x", VFIO_GENERATION}
+PJRT_ONLY = frozenset({"v5p", "v5e", "v6e", "7x", VFIO_GENERATION})
 ROOT_ENV = "PYIMAGESEARCH_HOST_ROOT"
 JAX_TPU_SERVICES = ("colab", "kaggle")  # TPU images of JAX: jax[tpu], no tensorflow-tpu
 TENSORFLOW_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu")
