@@ -78,8 +78,7 @@ class Backup(keras.callbacks.Callback):
         except UserError as error:
             refusal = str(error)
         if self.cluster:  # every process read the same, or none goes on
-            self.cluster.agree({"backup": refusal or f"{state and state['step']} steps"},
-                               topic="backup")
+            self.cluster.agree({"error": refusal, "steps": state and state["step"]}, "backup")
         if refusal:
             raise UserError(refusal)
         if self.is_chief:

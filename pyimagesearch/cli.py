@@ -197,11 +197,19 @@ def plan(device, args, strategy):
         from pyimagesearch.sources import PROBE_TIMEOUT_S, PROBE_URL
         answer = cluster.decide("network", lambda: probe(PROBE_URL, PROBE_TIMEOUT_S))
         network = lambda: answer  # noqa: E731
-    source = resolve_source(settings.data_source, config.DATA_NAME, settings.data_dir, network)
-    print(f"[INFO] data source: {source.label} ({source.reason})")
-    run = plans.with_validation(dataclasses.replace(run, strategy=strategy), source)
+    try:  # in a cluster, one process's refusal is every process's
+        source = resolve_source(settings.data_source, config.DATA_NAME, settings.data_dir,
+                                network)
+        run = plans.with_validation(dataclasses.replace(run, strategy=strategy), source)
+        refusal = None
+    except UserError as error:
+        if not cluster:
+            raise
+        refusal = str(error)
     if cluster:
+        cluster.agree({"error": refusal}, "data")
         cluster.agree(run.agreed_facts())
+    print(f"[INFO] data source: {source.label} ({source.reason})")
     strategies.set_precision(settings.precision)
     interrupts = exits.watch()  # again: a multi-worker runtime may have taken SIGTERM over
     run = dataclasses.replace(run, interrupts=interrupts)

@@ -84,21 +84,19 @@ class Cluster:
         return f"{self.task_type} {self.task_index}"
 
     def agree(self, facts, topic="run"):
-        """Stop every worker in one line unless all have the same `facts` ({name: value})."""
+        """Stop every worker in one line unless all have the same `facts` (see `agree`)."""
         store = _store()
-        store.set_config_key_value(f"pyimagesearch/{topic}/{self.name}", json.dumps(facts))
-        for other, _ in self.peers:
+
+        def read(other):
             try:
-                theirs = json.loads(store.get_config_key_value(
-                    f"pyimagesearch/{topic}/{other}", timeout_in_ms=AGREEMENT_TIMEOUT_S * 1000))
+                return store.get_config_key_value(f"pyimagesearch/{topic}/{other}",
+                                                  timeout_in_ms=AGREEMENT_TIMEOUT_S * 1000)
             except tf.errors.OpError as error:
                 raise UserError(f"{self.name} could not read the {topic} settings of {other} "
                                 f"({first_line(error)})") from error
-            for key, value in facts.items():
-                if theirs.get(key) != value:
-                    raise UserError(f"the workers disagree: {key} is {value!r} on {self.name} "
-                                    f"but {theirs.get(key)!r} on {other}; start every worker "
-                                    "with the same flags, data and number of devices")
+
+        store.set_config_key_value(f"pyimagesearch/{topic}/{self.name}", json.dumps(facts))
+        agree(self.name, [other for other, _ in self.peers], facts, read, "worker", "workers")
 
     def decide(self, topic, decide):
         """`decide()` taken once, by the chief, and handed to every worker (a JSON value):
@@ -114,6 +112,22 @@ class Cluster:
         except tf.errors.OpError as error:
             raise UserError(f"{self.name} did not get the chief's answer on the {topic} within "
                             f"{AGREEMENT_TIMEOUT_S} s ({first_line(error)})") from error
+
+
+def agree(me, others, facts, read, member, members):
+    """Stop every process in one line unless `facts` ({name: JSON value}) are every other's
+    (`read(other)` gives theirs, as JSON text). An "error" among them, a user's error one
+    process met, ends every process with that same line, whichever process met it."""
+    theirs = {other: json.loads(read(other)) for other in others}
+    errors = sorted(filter(None, [facts.get("error")] + [t.get("error") for t in theirs.values()]))
+    if errors:
+        raise UserError(errors[0])
+    for other, their in theirs.items():
+        for key, value in facts.items():
+            if their.get(key) != value:
+                raise UserError(f"the {members} disagree: {key} is {value!r} on {me} but "
+                                f"{their.get(key)!r} on {other}; start every {member} with the "
+                                "same flags, data and number of devices")
 
 
 def _store():

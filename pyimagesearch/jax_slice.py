@@ -21,6 +21,7 @@ import itertools
 import math
 import json
 import os
+import socket
 import threading
 import time
 import warnings
@@ -61,6 +62,7 @@ def join(timeout_s, rehearsal=False, environ=os.environ):
     # end (keras/src/distribution/distribution_lib.py, 3.15.1; no upstream report)
     warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
     print(f"[INFO] joining the slice's JAX processes (up to {timeout_s:g} s)", flush=True)
+    _wait_for_the_coordinator(environ, limits, timeout_s)
     try:
         jax.distributed.initialize(**limits)
     except (ValueError, RuntimeError) as error:
@@ -74,6 +76,28 @@ def join(timeout_s, rehearsal=False, environ=os.environ):
     threading.Thread(target=_watch_peers, args=(here,), daemon=True).start()
     atexit.register(here.leave)  # before JAX's own shutdown: atexit runs the last first
     return here
+
+
+def _wait_for_the_coordinator(environ, limits, timeout_s):
+    """Wait, where signals act, until the coordinator answers (where its address is known):
+    JAX ends a process that cannot register in time itself, with status 1 and its own lines."""
+    hosts = [name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name]
+    index = limits.get("process_id", environ.get("TPU_WORKER_ID"))
+    address = limits.get("coordinator_address") or (hosts and f"{hosts[0]}:8476")  # JAX's port
+    if not address or str(index) in ("0", "None"):
+        return
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise PeerLost(f"process {index} gave up after {timeout_s:g} s waiting for the "
+                               f"coordinator, process 0, at {address} (--startup-timeout); start "
+                               "every host's process with the same command") from None
+            time.sleep(0.5)
 
 
 def with_recovery(limits):
@@ -127,17 +151,13 @@ class Slice:
         return f"process {self.task_index}"
 
     def agree(self, facts, topic="run"):
-        """Stop every process in one line unless all have the same `facts` ({name: value})."""
+        """Stop every process in one line unless all have the same `facts` (cluster.agree)."""
+        from pyimagesearch.cluster import agree
         client = _client()
-        client.key_value_set(f"pyimagesearch/{topic}/{self.task_index}", json.dumps(facts))
-        for index in range(self.workers):
-            theirs = json.loads(client.blocking_key_value_get(
-                f"pyimagesearch/{topic}/{index}", AGREEMENT_TIMEOUT_S * 1000))
-            for key, value in facts.items():
-                if theirs.get(key) != value:
-                    raise UserError(f"the processes disagree: {key} is {value!r} on "
-                                    f"{self.name} but {theirs.get(key)!r} on process {index}; "
-                                    "start every host's process with the same command")
+        client.key_value_set(f"pyimagesearch/{topic}/{self.name}", json.dumps(facts))
+        others = [f"process {index}" for index in range(self.workers) if index != self.task_index]
+        agree(self.name, others, facts, lambda other: client.blocking_key_value_get(
+            f"pyimagesearch/{topic}/{other}", AGREEMENT_TIMEOUT_S * 1000), "process", "processes")
 
     def decide(self, topic, decide):
         """`decide()` taken once, by process 0, and handed to every process."""
