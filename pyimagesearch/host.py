@@ -138,10 +138,13 @@ def tensorflow_builds():
 
 
 def requirements_file(host, route="tensorflow"):
-    """The requirements file that brings what a run on `host` by `route` needs."""
-    if host.tpu_chips and (route == "jax" or host.jax_tpu_image):
+    """The requirements file that brings what a run on `host` by `route` needs: Colab's and
+    Kaggle's TPU images lack little, a Cloud TPU VM's Python 3.10 everything."""
+    if host.jax_tpu_image:  # its TensorFlow route is refused: JAX is the way there
         return "requirements-jax-tpu.txt"
-    return "requirements-tpu.txt" if host.tpu_chips else "requirements.txt"
+    if host.tpu_chips:
+        return "requirements-tpu-vm.txt" if route == "jax" else "requirements-tpu.txt"
+    return "requirements.txt"
 
 
 def missing(route, host=None, found=installed):
@@ -154,8 +157,10 @@ def missing(route, host=None, found=installed):
     if not lacking:
         return ""
     host = detect() if host is None else host
-    installs = [f"pip install -r {requirements_file(host, route)}"] if lacking != ["jax"] else []
-    if "jax" in lacking:
+    wanted = requirements_file(host, route)
+    with_jax = wanted == "requirements-tpu-vm.txt"  # the one file that installs jax
+    installs = [f"pip install -r {wanted}"] if lacking != ["jax"] or with_jax else []
+    if "jax" in lacking and not with_jax:
         installs.append('pip install "jax[tpu]"' if host.tpu_chips else "pip install jax")
     why = (" (tf.data reads the digits, on Keras' JAX backend too)"
            if route == "jax" and "tensorflow" in lacking else "")

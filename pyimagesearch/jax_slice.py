@@ -186,19 +186,19 @@ class Slice:
 
     def leave(self):
         """The others disconnect first and process 0, which holds JAX's coordinator, last:
-        a process still connected when it goes is ended by JAX, after a good run too."""
+        a process still connected when it goes is ended by JAX, after a good run too. Every
+        process shuts down its client (jax 0.6.2 holds the others in a shutdown barrier
+        until process 0 reaches it too)."""
         self.ended.set()
         from jax._src.distributed import global_state
         if global_state.client is None:  # left already
             return
-        if not self.is_chief:
-            jax.distributed.shutdown()
-            return
-        # JAX's "alive tasks" call returns once every other process has disconnected
-        waiting = threading.Thread(target=global_state.client.get_live_nodes,
-                                   args=(list(range(self.workers)),), daemon=True)
-        waiting.start()
-        waiting.join(PEER_SILENT_S)
+        if self.is_chief:  # JAX's "alive tasks" call returns once the others have disconnected
+            waiting = threading.Thread(target=global_state.client.get_live_nodes,
+                                       args=(list(range(self.workers)),), daemon=True)
+            waiting.start()
+            waiting.join(PEER_SILENT_S)
+        jax.distributed.shutdown()
 
 
 def _watch_peers(here, clock=time.monotonic):
@@ -217,7 +217,8 @@ def _watch_peers(here, clock=time.monotonic):
                     seen = None
                 if moved.get(index, (None,))[0] != seen:
                     moved[index] = (seen, clock())
-        except RuntimeError as error:  # the store is process 0's: it is gone
+        except RuntimeError as error:  # the store is process 0's: it is gone (JAX's own
+            # client mostly ends this process first, with its fatal line and SIGABRT)
             if here.ended.is_set():
                 return
             _end(f"{here.name} of {here.workers} lost process 0, the coordinator "

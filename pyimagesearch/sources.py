@@ -129,8 +129,11 @@ def _tfds():
     try:
         import tensorflow_datasets
     except ImportError as error:
-        raise UserError(f"MNIST through tfds needs tensorflow-datasets ({error}): "
-                        "pip install -r requirements.txt, or use --data-source sample") from error
+        import keras
+        from pyimagesearch.host import detect, requirements_file
+        wanted = requirements_file(detect(), keras.backend.backend())
+        raise UserError(f"MNIST through tfds needs tensorflow-datasets ({error}): pip install "
+                        f"-r {wanted}, or use --data-source sample") from error
     return tensorflow_datasets
 
 

@@ -354,7 +354,8 @@ def test_a_jobset_pod_builds_the_tf_config_of_its_index():
 def test_read_tf_config_builds_it_only_where_none_is_given(monkeypatch):
     for key, value in _pod(1).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("TF_CONFIG", "")  # so that the one read_tf_config writes is undone
+    monkeypatch.delenv("TF_CONFIG")
     cluster = read_tf_config()
     assert (cluster.workers, cluster.task_index, cluster.is_chief) == (2, 1, False)
     assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1

@@ -110,8 +110,11 @@ def test_on_a_jax_tpu_image_tensorflows_tpu_route_is_refused_before_it_starts(mo
     ("tensorflow", COLAB_TPU, {"tensorflow"}, f"tensorflow is not installed: {JAX_TPU}"),
     ("tensorflow", CLOUD_TPU_VM, {"tensorflow"}, "tensorflow is not installed: pip install -r "
      "requirements-tpu.txt"),
-    ("jax", CLOUD_TPU_VM, {"tensorflow"}, f"tensorflow is not installed (tf.data reads the "
-     f"digits, on Keras' JAX backend too): {JAX_TPU}"),
+    ("jax", CLOUD_TPU_VM, {"tensorflow"}, "tensorflow is not installed (tf.data reads the "
+     "digits, on Keras' JAX backend too): pip install -r requirements-tpu-vm.txt"),
+    ("jax", CLOUD_TPU_VM, {"jax"}, "jax is not installed: pip install -r requirements-tpu-vm.txt"),
+    ("jax", CLOUD_TPU_VM, {"jax"} | {"keras"}, "keras and jax are not installed: pip install -r "
+     "requirements-tpu-vm.txt"),
     ("tensorflow", PLAIN, {"tensorflow", "keras"}, "tensorflow and keras are not installed: "
      "pip install -r requirements.txt"),
     ("tensorflow", COLAB_GPU, {"matplotlib"}, "matplotlib is not installed: pip install -r "
@@ -171,6 +174,21 @@ def test_a_missing_package_ends_the_script_in_one_line(tmp_path, hidden, script,
     assert said in one_line(done) and done.stderr.strip().splitlines()[-1].startswith(
         f"{script}: error: ")
     assert not list(tmp_path.iterdir())
+
+
+def test_on_a_cloud_tpu_vm_a_missing_tensorflow_datasets_names_the_tpu_vms_install(tmp_path):
+    for chip in range(4):  # a stand-in Cloud TPU VM: a v5e's PCI ids, neither Colab nor Kaggle
+        pci = tmp_path / f"root/sys/bus/pci/devices/0000:00:0{chip}.0"
+        pci.mkdir(parents=True)
+        (pci / "vendor").write_text("0x1ae0\n")
+        (pci / "device").write_text("0x0063\n")
+    done = _without("tensorflow_datasets", "train_tpu.py", "--rehearse", "2", "--epochs", "1",
+                    "--output-dir", str(tmp_path / "out"), KERAS_BACKEND="jax",
+                    PYIMAGESEARCH_HOST_ROOT=str(tmp_path / "root"))
+    assert one_line(done).endswith("MNIST through tfds needs tensorflow-datasets (No module "
+                                   "named 'tensorflow_datasets'): pip install -r "
+                                   "requirements-tpu-vm.txt, or use --data-source sample")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 # --- what the route refuses, with what works where it is read -----------------------------------
