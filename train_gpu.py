@@ -25,7 +25,7 @@ from pyimagesearch.loss import MSELoss
 from pyimagesearch.data import figure_digits  # + the figure's digits, below
 from pyimagesearch import cli, exits, outputs, strategies  # +
 import io  # +
-import keras  # Keras 3 itself, on TensorFlow
+import keras  # + Keras 3 itself, on TensorFlow: its seed below
 from matplotlib.figure import Figure  # not pyplot: no window, no global state
 
 

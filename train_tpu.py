@@ -24,7 +24,7 @@ from pyimagesearch.loss import MSELoss
 from pyimagesearch.data import figure_digits  # + the figure's digits, below
 from pyimagesearch import cli, exits, outputs, strategies  # +
 import io  # +
-import keras  # Keras 3: its backend, JAX or TensorFlow, is the route chosen above
+import keras  # + Keras 3: its backend, JAX or TensorFlow, is the route chosen above
 # the article's TPU imports (`from tensorflow.distribute... import`) fail on TensorFlow
 # 2.20 and 2.21: its TPU names are reached through `tf.` below
 from matplotlib.figure import Figure  # not pyplot: no window, no global state

@@ -11,7 +11,6 @@ import tempfile
 
 import pytest
 
-import benchmark_pipeline
 import prepare_mnist
 from conftest import one_line
 
@@ -31,6 +30,7 @@ def tiny_mnist(tmp_path, monkeypatch):
     return data_dir
 
 
+@pytest.mark.slow  # 11 s; the input-only run is the default test
 def test_a_short_benchmark_writes_consistent_figures(tiny_mnist, tmp_path, in_process):
     out_file = tmp_path / "out" / "pipeline.json"
     result = in_process("tools/benchmark_pipeline.py", "--data-dir", tiny_mnist, "--steps", 3,
@@ -55,6 +55,7 @@ def test_a_short_benchmark_writes_consistent_figures(tiny_mnist, tmp_path, in_pr
     assert "epoch of 3 steps" in result.stdout and result.stdout.count("[INFO] trial") == 6
 
 
+@pytest.mark.slow  # 6 s
 def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path, in_process):
     result = in_process("tools/benchmark_pipeline.py", "--data-dir", tiny_mnist, "--steps", 4,
                         "--trials", 1, "--profile-dir", tmp_path / "profile")
@@ -63,6 +64,7 @@ def test_profile_dir_holds_a_trace_of_each_set_up(tiny_mnist, tmp_path, in_proce
         assert list((tmp_path / "profile" / name).rglob("*.xplane.pb")), name
 
 
+@pytest.mark.slow  # 9 s
 def test_the_floor_benchmark_writes_the_epoch_to_floor_ratio(tmp_path, in_process):
     out = tmp_path / "floor.json"
     result = in_process("tools/benchmark_pipeline.py", "--floor", "--steps", 3, "--trials", 2,

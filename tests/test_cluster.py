@@ -306,7 +306,7 @@ def test_a_port_held_on_another_loopback_address_is_one_line():
 
 @pytest.mark.parametrize("sig, status, said", [
     (signal.SIGTERM, 143, "stopped by SIGTERM"),
-    (signal.SIGINT, 130, "interrupted")])
+    pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow)])  # 5 s
 def test_sigterm_and_ctrl_c_stop_a_worker_waiting_for_its_peers(repo, tmp_path, sig, status,
                                                                said):
     # TensorFlow's own wait ignores both: the project's comes first

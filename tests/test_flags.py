@@ -165,6 +165,7 @@ def test_a_folder_the_backups_deletion_would_take_is_refused(tmp_path, layout):
     assert sorted(os.listdir(backup)) == []  # nothing written
 
 
+@pytest.mark.slow  # 9 s; tests/test_notebook.py holds the notebook unsetting it
 def test_keras_backend_jax_is_set_aside_for_tensorflow_in_one_line(tmp_path):
     # JAX-first TPU images set KERAS_BACKEND=jax; the TensorFlow scripts run on TensorFlow
     result = run("train_cpu.py", *ONE_EPOCH, "--epochs", "1", "--output-dir", tmp_path,

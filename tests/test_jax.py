@@ -165,8 +165,6 @@ def _without(hidden, script, *args, **env):
                                          "requirements.txt"),
     ("jax", "train_tpu.py", ["--rehearse", "8"], {"KERAS_BACKEND": "jax"},
      "jax is not installed: pip install jax"),
-    ("tensorflow_datasets", "train_tpu.py", ["--rehearse", "2", "--epochs", "1"],
-     {"KERAS_BACKEND": "jax"}, "MNIST through tfds needs tensorflow-datasets"),
 ])
 def test_a_missing_package_ends_the_script_in_one_line(tmp_path, hidden, script, args, env,
                                                        said):
@@ -284,6 +282,7 @@ def jax_steps():
     return dict(record["steps"], backend=record["backend"], step_size=record["step_size"])
 
 
+@pytest.mark.slow  # 15 s; test_the_quoted_jax_record_says_the_same reads its record
 def test_on_jax_the_articles_scale_1_takes_the_one_device_step(jax_steps):
     assert jax_steps["backend"] == "jax" and jax_steps["step_size"] > 1e-3
     for replicas in (2, 8):
@@ -368,6 +367,7 @@ def test_a_stopped_jax_run_resumes_to_the_uninterrupted_losses(tmp_path, uninter
     assert not (tmp_path / "backup").exists()
 
 
+@pytest.mark.slow  # 7 s
 def test_a_backup_belongs_to_its_backend(tmp_path):
     # a TensorFlow rehearsal's backup is refused by the JAX route, and the other way round
     args = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "64", "--data-source",

@@ -153,6 +153,7 @@ def _run_tool(args, backend="jax", tiny=True, **environ):
                env=env)
 
 
+@pytest.mark.slow  # 7 s; JAX on one CPU device is the default test
 def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(tmp_path):
     # KERAS_BACKEND=jax --device tpu --rehearse 8: the route a Colab or Kaggle TPU takes
     # (choose_framework, tpu.prepare), on 8 JAX CPU devices the tool asks JAX for
@@ -196,6 +197,7 @@ def test_jax_times_the_op_on_one_cpu_device(tmp_path):
     assert ", bfloat16, JAX 0." in done.stdout.splitlines()[0]
 
 
+@pytest.mark.slow  # 9 s; JAX on one CPU device is the default test
 def test_keras_backend_jax_rehearses_a_gpu_on_n_jax_cpu_devices(tmp_path):
     record = tmp_path / "matmul.json"
     done = _run_tool(["--device", "gpu", "--rehearse", "2", "--repeats", "1", "--json", record])
@@ -205,8 +207,8 @@ def test_keras_backend_jax_rehearses_a_gpu_on_n_jax_cpu_devices(tmp_path):
 
 
 @pytest.mark.parametrize("args, environ, said", [
-    (["--device", "gpu"], {}, "--device gpu is timed with TensorFlow here: run with "
-                              "KERAS_BACKEND=tensorflow"),
+    pytest.param(["--device", "gpu"], {}, "--device gpu is timed with TensorFlow here: run "
+                 "with KERAS_BACKEND=tensorflow", marks=pytest.mark.slow),  # 6 s
     (["--tpu", "my-tpu"], {}, "--tpu my-tpu: Keras on JAX trains on this machine's own TPU"),
     (["--device", "tpu", "--rehearse", "3"], {"JAX_NUM_CPU_DEVICES": "2"},
      "JAX_NUM_CPU_DEVICES=2 in your environment and --rehearse 3 disagree"),

@@ -21,6 +21,7 @@ def saved_run(tiny_runs, tmp_path, name):
     return tmp_path
 
 
+@pytest.mark.slow  # 9 s of its own run
 def test_the_redrawn_figure_is_the_scripts_own(saved_run, tiny_runs, name, in_process):
     (saved_run / f"{name}.png").write_bytes(b"an old figure")  # replaced whole
     result = in_process("tools/redraw_figure.py", saved_run / f"{name}.json")

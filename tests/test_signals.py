@@ -70,9 +70,10 @@ def _at(tmp_path, how, **popen):
 @pytest.mark.parametrize("how, status, said, new", [
     ("while writing", 143, "stopped by SIGTERM after the run had ended; its outputs were "
                            "written to {out}", 3),
-    ("after", 143, "stopped by SIGTERM after the run had ended; its outputs were written to "
-                   "{out}", 3),
-    ("dropped", 143, "stopped by SIGTERM at the end of the run", 3),
+    pytest.param("after", 143, "stopped by SIGTERM after the run had ended; its outputs were "
+                 "written to {out}", 3, marks=pytest.mark.slow),  # 7 s each
+    pytest.param("dropped", 143, "stopped by SIGTERM at the end of the run", 3,
+                 marks=pytest.mark.slow),
     ("wrapped", 143, "stopped by SIGTERM; earlier outputs are untouched", 0),
     ("ctrl-c", 130, "interrupted; earlier outputs are untouched", 0),
 ])
@@ -88,6 +89,7 @@ def test_a_signal_at_any_moment_is_one_line_that_says_what_is_on_disk(tmp_path, 
     assert len(written) == new  # the three new outputs, or the earlier ones untouched
 
 
+@pytest.mark.slow  # 9 s
 def test_an_ignored_ctrl_c_stays_ignored_as_in_a_background_job(tmp_path):
     # `python train_cpu.py &` in a script: the shell has the job ignore SIGINT
     done, written = _at(tmp_path, "ctrl-c", preexec_fn=lambda: signal.signal(

@@ -4,7 +4,6 @@ Tiny data throughout: the 5,000-digit sample, or a few hundred of its digits.
 """
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -214,8 +213,10 @@ exits.run_main(write_tfrecords.main, args)
 
 
 @pytest.mark.parametrize("how, status, said, shards", [
-    ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
-    ("metadata", 143, "stopped by SIGTERM after the run had ended; the new TFRecords in", 2),
+    pytest.param("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4,
+                 marks=pytest.mark.slow),  # 6 s each; the default keeps the kill
+    pytest.param("metadata", 143, "stopped by SIGTERM after the run had ended; the new "
+                 "TFRecords in", 2, marks=pytest.mark.slow),
     ("kill", -9, None, 4)])
 def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_which(
         repo, tmp_path, how, status, said, shards):

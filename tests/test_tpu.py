@@ -633,3 +633,19 @@ def test_a_tpu_node_refuses_local_folders_its_host_cannot_see(flags, named, tmp_
                                          "ram://b/logs", "--data-source", "sample",
                                          "--batch-size", "8"])
     assert cli.plan("tpu", buckets, _TpuNode()).is_chief  # buckets: no complaint
+
+
+def test_requirements_tpu_pins_the_libtpu_its_records_resolved(repo):
+    import json
+
+    lines = (repo / "requirements-tpu.txt").read_text().splitlines()
+    pins = [line for line in lines if line.startswith("libtpu")]
+    assert pins == ["libtpu==0.0.10"]  # what tensorflow-tpu 2.19.1 pins itself
+    assert "tensorflow-tpu==2.19.1" in lines
+    assert not any(line.startswith("--find-links") for line in lines)
+    for python in ("310", "311", "312"):  # Cloud TPU VMs' Python, CI's, Kaggle's
+        record = json.loads((repo / f"outputs/quoted/tpu/dry_run_py{python}.json").read_text())
+        assert record["exit_status"] == 0
+        assert record["would_install"]["libtpu"] == "0.0.10"
+        assert record["would_install"]["tensorflow_tpu"] == "2.19.1"
+    assert "**`libtpu==0.0.10`**" in (repo / "docs/tpus.md").read_text()

@@ -133,6 +133,7 @@ def test_a_run_writes_into_a_bucket(tmp_path):
     assert record["name"] == CPU
 
 
+@pytest.mark.slow  # 9 s
 def test_an_unreachable_bucket_is_one_line_and_no_local_folder(in_process, tmp_path,
                                                               monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -325,6 +326,7 @@ def test_a_plain_run_loads_only_what_it_uses():
     assert sum(loaded.values()) <= MAX_PLAIN_RUN_LINES, loaded
 
 
+@pytest.mark.slow  # 6 s; tests/test_signals.py sends SIGTERM at every moment
 def test_a_sigterm_stops_a_run_in_one_line_and_keeps_the_earlier_outputs(tmp_path):
     _earlier(tmp_path, output_files(CPU))
     process = subprocess.Popen([sys.executable, "train_cpu.py", *TINY, "--epochs", "50",
