@@ -188,3 +188,16 @@ def test_a_real_run_trains_on_get_data_with_fit_and_predicts_its_figure(in_proce
                       "32", "--data-source", "sample", "--output-dir", tmp_path)
     assert done.returncode == 0, done.stderr
     assert calls["get_data"] == 2 and calls["fit"] == 1 and calls["call"] >= 1, calls
+
+
+def test_the_readme_counts_the_listings_lines_that_stand_as_printed():
+    verbatim = set()
+    for line in MAP.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1][:1].isdigit() and cells[3].startswith("verbatim"):
+            first, last = _span(cells[0])
+            verbatim |= set(range(first, last + 1))
+    code = ARTICLE_CODE_LINES["train_tpu.py"]
+    said = " ".join((REPO / "README.md").read_text().split())
+    assert f"Of the TPU listing's {len(code)} lines of code, {len(verbatim & code)} stand as " \
+           "printed" in said
