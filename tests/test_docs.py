@@ -369,6 +369,16 @@ QUOTES += [
     Quote("docs/hardware-and-benchmarks.md", "ratios spread from {lowest}x to {highest}x", {
         "lowest": Computed(FLOOR, lambda r: min(r["epoch_to_floor"]), "{:.2f}"),
         "highest": Computed(FLOOR, lambda r: max(r["epoch_to_floor"]), "{:.2f}")}),
+    Quote("docs/hardware-and-benchmarks.md", "epoch to floor {before}x before and {after}x "
+          "after (medians), epochs of {b} s and {a} s", {
+              "before": Figure("benchmarks/rewrite/floor_before.json",
+                               ("median_epoch_to_floor",), "{:.2f}"),
+              "after": Figure("benchmarks/rewrite/floor_after.json",
+                              ("median_epoch_to_floor",), "{:.2f}"),
+              "b": Figure("benchmarks/rewrite/floor_before.json",
+                          ("median_seconds", "train_cpu.py epoch"), "{:.2f}"),
+              "a": Figure("benchmarks/rewrite/floor_after.json",
+                          ("median_seconds", "train_cpu.py epoch"), "{:.2f}")}),
     # docs/data-and-tfrecords.md
     _pipeline_row("| article-style: `tfds.load`, per-image `map`, shuffle, batch", "article_style"),
     _pipeline_row("| TFRecords (`--data-source tfrecord`)", "tfrecord"),
