@@ -82,7 +82,7 @@ def main(argv=None):  # +
                 callbacks=plan.callbacks, initial_epoch=plan.initial_epoch,
                 verbose=plan.verbose, shuffle=False)
             history = model.history.history  # + the losses, for the run record
-    record = outputs.run_record(plan, outputs.history_of(plan, history))  # + settings, losses
+    record = outputs.run_record(plan, plan.history(history))  # + settings, losses
 
     # grab 8 different digits of the validation set (the article takes valDs'
     # first batch), the same for every run, repeated so every replica has some,

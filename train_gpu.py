@@ -35,8 +35,8 @@ def main(argv=None):  # +
     # the article prints no GPU script: this repository reads it as
     # MirroredStrategy over every visible GPU
     if args.cluster:  # + several machines: one worker of the TF_CONFIG cluster
-        from pyimagesearch.cluster import multi_worker  # +
-        strategy = multi_worker(args.cluster, args.rehearse, args.startup_timeout)  # +
+        strategy = strategies.multi_worker(args.cluster, args.rehearse,  # +
+                                           args.startup_timeout)  # +
     elif args.rehearse:  # + N logical CPU devices stand in for the GPUs
         strategy = strategies.rehearsal(args.rehearse)  # +
     else:  # +
@@ -92,7 +92,7 @@ def main(argv=None):  # +
                 callbacks=plan.callbacks, initial_epoch=plan.initial_epoch,
                 verbose=plan.verbose, shuffle=False)
             history = model.history.history  # + the losses, for the run record
-    record = outputs.run_record(plan, outputs.history_of(plan, history))  # + settings, losses
+    record = outputs.run_record(plan, plan.history(history))  # + settings, losses
 
     # grab 8 different digits of the validation set (the article takes valDs'
     # first batch), the same for every run, repeated so every replica has some,

@@ -8,11 +8,12 @@ Kubernetes JobSet pod's indices:
      "task": {"type": "worker", "index": 0}}
 
 TensorFlow's TFConfigClusterResolver reads it; `read_tf_config` says in one line
-what TensorFlow would not accept. MultiWorkerMirroredStrategy then keeps a copy
-of the model on every worker and all-reduces the gradients between them; the
-chief (worker 0 if none is named) alone writes. Keras 3's fit does not run
-under it (keras-team/keras#20585, open in Keras 3.15.1): the scripts train
-with the custom loop (loop.py) there. Loaded for clusters only.
+what TensorFlow would not accept. MultiWorkerMirroredStrategy
+(strategies.multi_worker) then keeps a copy of the model on every worker and
+all-reduces the gradients between them; the chief (worker 0 if none is named)
+alone writes. Keras 3's fit does not run under it (keras-team/keras#20585, open
+in Keras 3.15.1): the scripts train with the custom loop (loop.py) there.
+Loaded for clusters only.
 """
 import dataclasses
 import json
@@ -247,33 +248,3 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
                       + (f" (up to {timeout_s:g} s)" if timeout_s < math.inf else ""), flush=True)
                 told = True
             time.sleep(poll_s)  # SIGTERM and Ctrl-C act here
-
-
-def multi_worker(cluster, rehearse=None, startup_timeout_s=300.0):
-    """MultiWorkerMirroredStrategy for this process's place in `cluster`, once every peer is up.
-
-    Each worker trains on its GPUs (all-reduced with NCCL), or with --rehearse 1
-    on its CPU (TensorFlow's AUTO). TensorFlow puts one replica on a worker's
-    CPU, whatever logical devices it has (none public: its TODO b/126786766; still
-    so in 2.21): a rehearsal is one device per worker.
-    """
-    from pyimagesearch.strategies import check_gpus, cpu_only
-    if rehearse and rehearse > 1:
-        raise UserError(f"--rehearse {rehearse} under TF_CONFIG: MultiWorkerMirroredStrategy "
-                        "puts one replica on a worker's CPU; use --rehearse 1 and more workers")
-    wait_for_peers(cluster, startup_timeout_s)
-    if rehearse:
-        cpu_only()
-    else:
-        check_gpus()
-    kind = tf.distribute.experimental.CommunicationImplementation
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=kind.AUTO if rehearse else kind.NCCL)
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as error:
-        raise PeerLost(f"{cluster.name}: the cluster did not form within its start "
-                       f"({first_line(error)}); restart every worker together") from error
-    print(f"[INFO] {cluster.name} of a {cluster.workers}-worker cluster; custom loop, since "
-          "Keras 3's fit does not run under MultiWorkerMirroredStrategy")
-    return strategy

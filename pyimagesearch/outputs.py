@@ -15,7 +15,6 @@ import tensorflow as tf
 
 # the classes keras.saving.load_model needs, registered by their imports
 from pyimagesearch import autoencoder, loss, strategies  # noqa: F401
-from pyimagesearch.errors import UserError
 from pyimagesearch.files import dump, replace_file
 from pyimagesearch.host import detect, installed_version, tensorflow_builds
 from pyimagesearch.plan import flags_apart
@@ -24,17 +23,6 @@ from pyimagesearch.plan import flags_apart
 def load_model(path):
     """A model the scripts saved (`outputs/cpu.keras`)."""
     return keras.saving.load_model(path)
-
-
-def history_of(plan, trained):
-    """Every epoch's losses (a resumed run's backup holds those before it); a diverged run
-    stops here with one line, before anything is written."""
-    losses, val_losses = trained.get("loss", []), trained.get("val_loss", [])
-    if not all(value == value and abs(value) != float("inf") for value in losses + val_losses):
-        raise UserError(f"training diverged (loss {losses[-1]}, val_loss {val_losses[-1]}); "
-                        "lower --learning-rate. Nothing was written: earlier outputs are "
-                        "untouched")
-    return plan.backup.history if plan.backup else trained
 
 
 def run_record(plan, history):

@@ -211,11 +211,21 @@ class Plan:
                          validation_data=valDs, callbacks=list(self.callbacks),
                          verbose=self.verbose, shuffle=False)
         from pyimagesearch.data import get_data
-        from pyimagesearch.outputs import history_of
-        history_of(self, part.history)  # a loss that is not finite stops the run here
+        self.history(part.history)  # a loss that is not finite stops the run here
         later = dataclasses.replace(self, resume_step=self.resume_step + rest)
         return get_data(self.source.data_name, config.TRAIN_FLAG, self.global_batch_size,
                         config.SHUFFLE_SIZE, plan=later)
+
+    def history(self, trained):
+        """Every epoch's losses (a resumed run's backup holds those before it); a diverged run
+        stops here with one line, before anything is written."""
+        losses, val_losses = trained.get("loss", []), trained.get("val_loss", [])
+        if not all(value == value and abs(value) != float("inf")
+                   for value in losses + val_losses):
+            raise UserError(f"training diverged (loss {losses[-1]}, val_loss {val_losses[-1]}); "
+                            "lower --learning-rate. Nothing was written: earlier outputs are "
+                            "untouched")
+        return self.backup.history if self.backup else trained
 
     def predict(self, model, images):
         """The article's model.predict, on the figure's digits, as NumPy.

@@ -157,6 +157,12 @@ def tfds_prepared(data_name, data_dir):
         absl.setLevel(level)
 
 
+def tfrecord_source(folder, data_name=config.DATA_NAME):
+    """A folder tools/write_tfrecords.py wrote, as a Source, every shard read once first."""
+    from pyimagesearch import tfrecords  # loaded for --data-source tfrecord only
+    return TfrecordSource(folder, *tfrecords.verify_folder(folder, data_name))
+
+
 def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, network=None):
     """The Source a run reads, decided quickly and with a reason.
 
@@ -168,8 +174,7 @@ def resolve_source(source="auto", data_name=config.DATA_NAME, data_dir=None, net
     if source == "sample":
         return SampleSource("asked for with --data-source sample")
     if source == "tfrecord":
-        from pyimagesearch import tfrecords
-        return tfrecords.source(data_dir, data_name)
+        return tfrecord_source(data_dir, data_name)
     where = data_dir or "tfds' default data dir"
     if tfds_prepared(data_name, data_dir):
         versioned = _tfds().builder(data_name, data_dir=data_dir).data_dir  # .../mnist/3.0.1

@@ -4,15 +4,16 @@
 - `check_gpus`: no GPU is one line (TensorFlow's own lines above it say why);
 - `rehearsal`: N logical CPU devices under MirroredStrategy, standing in for
   N GPUs or TPU cores: the same replicas, batch, loss scaling and all-reduce;
+- `multi_worker`: one worker of a TF_CONFIG cluster (cluster.py reads it);
 - `data_parallel`: Keras on JAX's DataParallel over the TPU's chips (or N JAX
   CPU devices), after joining the slice's other hosts (jax_slice.py);
 - `set_precision` and the float16 loss scaling every replica agrees on.
-The TPU's own set-up is tpu.py's, a TF_CONFIG cluster's cluster.py's.
+The TPU's own set-up is tpu.py's.
 """
 import keras
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError
+from pyimagesearch.errors import PeerLost, UserError, first_line
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -32,6 +33,36 @@ def check_gpus():
         raise UserError("no GPU is visible to TensorFlow (its lines above say why: no "
                         'driver, or CUDA libraries missing: pip install "tensorflow[and-cuda]"); '
                         "use --rehearse N to rehearse this run on N logical CPU devices")
+
+
+def multi_worker(cluster, rehearse=None, startup_timeout_s=300.0):
+    """MultiWorkerMirroredStrategy for this process's place in `cluster`, once every peer is up.
+
+    Each worker trains on its GPUs (all-reduced with NCCL), or with --rehearse 1
+    on its CPU (TensorFlow's AUTO). TensorFlow puts one replica on a worker's
+    CPU, whatever logical devices it has (none public: its TODO b/126786766; still
+    so in 2.21): a rehearsal is one device per worker.
+    """
+    from pyimagesearch.cluster import wait_for_peers  # loaded under TF_CONFIG only
+    if rehearse and rehearse > 1:
+        raise UserError(f"--rehearse {rehearse} under TF_CONFIG: MultiWorkerMirroredStrategy "
+                        "puts one replica on a worker's CPU; use --rehearse 1 and more workers")
+    wait_for_peers(cluster, startup_timeout_s)
+    if rehearse:
+        cpu_only()
+    else:
+        check_gpus()
+    kind = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=kind.AUTO if rehearse else kind.NCCL)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as error:
+        raise PeerLost(f"{cluster.name}: the cluster did not form within its start "
+                       f"({first_line(error)}); restart every worker together") from error
+    print(f"[INFO] {cluster.name} of a {cluster.workers}-worker cluster; custom loop, since "
+          "Keras 3's fit does not run under MultiWorkerMirroredStrategy")
+    return strategy
 
 
 def rehearsal(replicas):

@@ -154,9 +154,8 @@ def verify_shard(path, shard, shape, compression):
                         f"differs): replaced or edited; {_AGAIN}")
 
 
-def source(folder, data_name=config.DATA_NAME):
-    """The TFRecord folder as a sources.TfrecordSource, every shard read once first."""
-    from pyimagesearch.sources import TfrecordSource
+def verify_folder(folder, data_name=config.DATA_NAME):
+    """(metadata, what the folder holds in words) of a TFRecord folder, every shard read once."""
     if folder is None:
         raise UserError("--data-source tfrecord needs --data-dir: the folder "
                         "tools/write_tfrecords.py wrote (local or gs://...)")
@@ -181,7 +180,7 @@ def source(folder, data_name=config.DATA_NAME):
               f"{'gzip-compressed' if metadata['compression'] == 'gzip' else 'uncompressed'}), "
               f"written on {metadata.get('made_by', {}).get('date', 'an unknown date')} from "
               f"{origin[metadata['source']]}")
-    return TfrecordSource(folder, metadata, reason)
+    return metadata, reason
 
 
 def read_split(folder, split, metadata):

@@ -781,7 +781,7 @@ def test_a_real_cluster_takes_the_chiefs_data_decision(launch, tmp_path, monkeyp
 
 
 def test_several_gpu_machines_all_reduce_with_nccl_and_a_rehearsal_with_auto(monkeypatch):
-    from pyimagesearch import cluster as clusters
+    from pyimagesearch import cluster as clusters, strategies
 
     made = []
 
@@ -794,6 +794,6 @@ def test_several_gpu_machines_all_reduce_with_nccl_and_a_rehearsal_with_auto(mon
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", Recorded)
     monkeypatch.setattr(clusters, "wait_for_peers", lambda cluster, timeout_s: None)
     pair = Cluster(2, "worker", 0, False, "127.0.0.1:1", (("worker 1", "127.0.0.1:2"),))
-    clusters.multi_worker(pair)
-    clusters.multi_worker(pair, rehearse=1)
+    strategies.multi_worker(pair)
+    strategies.multi_worker(pair, rehearse=1)
     assert made == ["NCCL", "AUTO"]

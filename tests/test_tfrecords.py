@@ -234,7 +234,7 @@ def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_whic
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     if said:
         assert len(errors) == 1 and said in errors[0], done.stderr[-2000:]
-    source = tfrecords.source(str(out))  # every shard whole and as its metadata says
+    source = sources.tfrecord_source(str(out))  # every shard whole and as its metadata says
     assert len(source.metadata["splits"][TRAIN]["shards"]) == shards
     assert not [name for name in os.listdir(out) if name.startswith(".")]
 

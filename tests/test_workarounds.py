@@ -44,7 +44,7 @@ ops._create_device_dataset = original
 options = [d.options().autotune.enabled for d in made]
 said("per_device_buffers", made and all(o is None for o in options), options)
 
-# cluster.multi_worker: a CPU-only worker of MultiWorkerMirroredStrategy gets one device
+# strategies.multi_worker: a CPU-only worker of MultiWorkerMirroredStrategy gets one device
 from tensorflow.python.distribute import collective_all_reduce_strategy as car
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]}), task_type="worker",
@@ -115,7 +115,7 @@ said("tpu_ipv6", address != "grpc://[::1]:8470", address)
 WORKAROUNDS = {
     "per_device_buffers": ("data.distribute", "none filed (its warning: "
                            "tensorflow/tensorflow#61816)"),
-    "one_cpu_replica_per_worker": ("cluster.multi_worker", "none public (TensorFlow's TODO "
+    "one_cpu_replica_per_worker": ("strategies.multi_worker", "none public (TensorFlow's TODO "
                                    "b/126786766 in collective_all_reduce_strategy.py)"),
     "preemption_handler_acts": ("backup.preemption_handler_acts", "none filed "
                                 "(failure_handling.py: 'We can make it work upon request')"),
@@ -156,7 +156,7 @@ UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|no upstream re
     ("pyimagesearch.tpu", "find_tpu"), ("pyimagesearch.host", "leave_the_tpu_alone"),
     ("pyimagesearch.backup", "preemption_handler_acts"),
     ("pyimagesearch.strategies", "ReplicasAgreeLossScaleOptimizer"),
-    ("pyimagesearch.plan", "Plan.predict"), ("pyimagesearch.cluster", "multi_worker")])
+    ("pyimagesearch.plan", "Plan.predict"), ("pyimagesearch.strategies", "multi_worker")])
 def test_every_workaround_names_its_upstream_issue(module, name):
     thing = importlib.import_module(module)
     for part in name.split("."):

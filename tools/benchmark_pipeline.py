@@ -222,7 +222,7 @@ def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch import tfrecords
+    from pyimagesearch import sources, tfrecords
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -238,7 +238,7 @@ def input_only(args, source, command):
     else:
         folder = args.tfrecord_dir
     try:
-        records = tfrecords.source(folder)
+        records = sources.tfrecord_source(folder)
         print(f"[INFO] tfrecord: {records.reason}")
         sizes = [chosen.size(config.TRAIN_FLAG) for chosen in (source, records)]
         origin = records.metadata["source"]
