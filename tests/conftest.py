@@ -63,9 +63,11 @@ def one_line(result):
 
 def tensorflows(line):
     """Whether `line` is one of TensorFlow's, JAX's or libtpu's own native log lines (absl's
-    form; libtpu installed on a machine without a TPU, as a TPU VM's packages are here)."""
+    form, or TensorFlow 2.19's and 2.20's "2026-12-06 22:32:17.115541: E external/..."; libtpu
+    installed on a machine without a TPU, as a TPU VM's packages are here)."""
     import re
-    return bool(re.match(r"^([IWEF]\d{4} |WARNING: All log messages|To enable the following "
+    return bool(re.match(r"^([IWEF]\d{4} |[\d-]+ [\d:.]+: [IWEF] |WARNING: All log messages"
+                         r"|To enable the following "
                          r"instructions|E0000 |I0000 |W0000 |WARNING: Logging before InitGoogle"
                          r"|Failed to find host bounds for accelerator type: WARNING: could not"
                          r"|=== Source Location Trace: ===|learning/45eac/)", line))
