@@ -64,6 +64,13 @@ def prepare(argv, environ=None, host=None, library_path=None):
             raise UserError("KERAS_BACKEND=tensorflow: " + instead_of_jax(
                 host, "train_tpu.py without KERAS_BACKEND takes Keras on JAX",
                 "add --rehearse 8"))
+        cpu_build = hosts.installed_version("tensorflow-cpu")
+        if host.tpu_chips and cpu_build and not (hosts.installed_version("tensorflow-tpu")
+                                                 or hosts.installed_version("tensorflow")):
+            raise UserError(f"tensorflow-cpu {cpu_build} cannot reach a TPU: for Keras on JAX, "
+                            "pip install -r requirements-tpu-vm.txt; for TensorFlow's "
+                            "TPUStrategy, pip install -r requirements-tpu.txt; or add "
+                            "--rehearse 8")
         _take_the_tpu(environ)
         return _pjrt(environ, host, library_path or libtpu_path)
     except UserError as error:

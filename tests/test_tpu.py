@@ -132,6 +132,28 @@ def test_the_variables_are_set_on_a_v5e_from_libtpus_own_path(monkeypatch):
     assert said.startswith("PJRT through /site/libtpu/libtpu.so (libtpu ")
 
 
+@pytest.mark.parametrize("builds, refused", [
+    ({"tensorflow-cpu": "2.20.0"}, True),  # a TPU VM's requirements-tpu-vm.txt, jax removed
+    ({"tensorflow-cpu": "2.20.0", "tensorflow-tpu": "2.19.1"}, False),
+    ({"tensorflow": "2.19.1"}, False),  # a TPU VM image's own build may reach the chips
+])
+def test_on_a_tpu_vm_tensorflow_cpu_alone_is_refused_with_both_installs(monkeypatch, capsys,
+                                                                         builds, refused):
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    monkeypatch.setattr(hosts, "installed_version", builds.get)
+    tpu_vm = hosts.Host("local", 0, 4, "v5e")
+    if not refused:
+        assert tpu.prepare([], {"KERAS_BACKEND": "tensorflow"}, tpu_vm, lambda: "/x.so")
+        return
+    with pytest.raises(SystemExit) as stopped:
+        tpu.prepare([], {"KERAS_BACKEND": "tensorflow"}, tpu_vm, lambda: "/x.so")
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "tensorflow-cpu 2.20.0 cannot reach a TPU: for Keras on JAX, pip install -r "
+        "requirements-tpu-vm.txt; for TensorFlow's TPUStrategy, pip install -r "
+        "requirements-tpu.txt; or add --rehearse 8")
+
+
 @pytest.mark.parametrize("argv, host", [(["--rehearse", "8"], V5E_HOST), ([], NO_TPU),
                                         ([], V3_HOST)])
 def test_nothing_is_set_for_a_rehearsal_without_a_tpu_or_on_older_chips(monkeypatch, argv,
