@@ -4,24 +4,21 @@
     python compare.py                      # reads outputs/*.json
     python compare.py outputs outputs/quoted/large_batch/*/ --output-dir /tmp/cmp
 
-Reads every run record (cpu.json, tpu_rehearsal.json, tpu_lr-scaling-sqrt.json:
-a run's name says its device, the flags that set it apart and, for a CPU on
-a GPU or TPU runtime, that runtime) in the folders given (default: outputs),
-prints Table 1 as Markdown and writes it to comparison.md in --output-dir
-(default: the first folder). Rows are named by their file; where two
-folders hold runs of the same name, by folder and file
-(fixed_steps/tpu_rehearsal). Each row says what trained (device), where
-(runtime), for how many epochs and with which flags. The first epoch is
-reported apart from the rest, since it includes tracing (and on a TPU,
-compilation); a run of one epoch has no later epochs, and no ms/step or
-images/s, which are theirs. Epoch seconds include the validation pass;
-ms/step and images/s count the training steps alone. A file that is not a
-run record is named and skipped.
+Reads every run record (cpu.json, tpu_rehearsal.json, tpu_lr-scaling-sqrt.json: a
+run's name says its device, the flags that set it apart and, for a CPU on a GPU or
+TPU runtime, that runtime) in the folders given (default: outputs), prints Table 1
+as Markdown and writes it to comparison.md in --output-dir (default: the first
+folder). A row is named by its file, or by folder and file where two folders hold
+runs of the same name (fixed_steps/tpu_rehearsal), and says what trained, where,
+for how many epochs and with which flags. Epoch 1 stands apart (it includes
+tracing and compilation; a run of one epoch has no later epochs, ms/step or
+images/s). Epoch seconds include validation; ms/step and images/s count the
+training steps alone. A file that is not a run record is named and skipped.
 
-comparison.png shows the same 8 validation digits reconstructed by at most
-6 runs, with their validation loss per epoch: the runs named by --figure,
-else the 6 that started last, and one line names those left out. Only their
-models are loaded, so a folder of hundreds of runs compares in seconds.
+comparison.png shows the same 8 validation digits reconstructed by at most 6 runs
+(those --figure names, else the 6 that started last; one line names the others),
+with their validation loss per epoch. Only their models are loaded, so a folder
+of hundreds of runs compares in seconds.
 """
 import argparse
 import json
@@ -31,12 +28,11 @@ import re
 import statistics
 import sys
 
-from pyimagesearch import runtime
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch import config
-from pyimagesearch.files import check_output_dir  # noqa: E402
-from pyimagesearch.errors import UserError
+from pyimagesearch import host
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
+
+from pyimagesearch import config, exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
 
 LABEL_POINTS = 12  # figure text size: at the saved dpi, about 17 pixels high
 FIGURE_DPI = 100
@@ -301,8 +297,8 @@ def comparison_figure(runs, source):
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     from pyimagesearch.data import figure_digits
-    from pyimagesearch.sources import resolve_data_dir, resolve_source
     from pyimagesearch.outputs import load_model
+    from pyimagesearch.sources import resolve_source
     from pyimagesearch.strategies import cpu_only
 
     cpu_only()  # quiet device discovery; a comparison needs no accelerator
@@ -318,13 +314,12 @@ def comparison_figure(runs, source):
                 models[name] = load_model(path)
             except Exception as error:  # a damaged model file is reported, not fatal
                 print(f"skipping {path}: cannot load ({error})", file=sys.stderr)
-    data_dir = resolve_data_dir(None) if source == "tfds" else None
     try:
-        resolved = resolve_source(source, config.DATA_NAME, data_dir)  # fails fast offline
+        resolved = resolve_source(source, config.DATA_NAME)  # fails fast offline
     except UserError as error:  # its advice names the training scripts' flag
         raise UserError(str(error).replace("--data-source sample",
                                            "--digits-from sample")) from error
-    digits = figure_digits(resolved.examples(config.VALIDATION_FLAG))
+    digits = figure_digits(resolved)
 
     predicted = {}
     for name, model in models.items():
@@ -405,8 +400,8 @@ def gather(folders):
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="*", default=[config.BASE_IMG_PATH],
                         help="folders with run records (default %(default)s)")
     parser.add_argument("--output-dir", default=None,
@@ -428,11 +423,10 @@ def main(argv=None):
                             "hold the runs' records, or run this from the repository")
     runs = gather(args.folders)
     if not runs:
-        *some, last = runtime.SCRIPTS  # train_cpu.py, train_gpu.py or train_tpu.py
         raise UserError(f"no run records in {', '.join(args.folders)}; run "
-                        f"{', '.join(some)} or {last} first")
+                        "train_cpu.py, train_gpu.py or train_tpu.py first")
     output_dir = args.output_dir or args.folders[0]
-    check_output_dir(output_dir)
+    files.check_output_dir(output_dir)
 
     rows = [table_row(name, record) for name, (_, _, record) in runs.items()]
     table = markdown_table(rows)
@@ -441,20 +435,17 @@ def main(argv=None):
                   "(its machines, full MNIST):\n\n")
         table += markdown_table(article_rows())
     print(table)
-
-    from pyimagesearch.outputs import StagedOutputs
-
-    with StagedOutputs(output_dir) as staged:
-        with open(staged.path("comparison.md"), "w") as handle:
-            handle.write(table + "\n")
-        shown, left_out = shown_runs(runs, args.figure)
-        if left_out:
-            print(f"[INFO] the figure shows {len(shown)} of the {len(runs)} runs; left out: "
-                  f"{', '.join(left_out)} (--figure RUN ... picks others)")
-        figure = comparison_figure({name: runs[name] for name in shown}, args.digits_from)
-        figure.savefig(staged.path("comparison.png"), format="png", dpi=FIGURE_DPI)
-    print(f"[INFO] wrote {os.path.join(output_dir, 'comparison.md')} and comparison.png")
+    shown, left_out = shown_runs(runs, args.figure)
+    if left_out:
+        print(f"[INFO] the figure shows {len(shown)} of the {len(runs)} runs; left out: "
+              f"{', '.join(left_out)} (--figure RUN ... picks others)")
+    figure = comparison_figure({name: runs[name] for name in shown}, args.digits_from)
+    # each file whole, the table first: a figure that cannot be written leaves the new table
+    files.write_bytes(files.join(output_dir, "comparison.md"), (table + "\n").encode())
+    files.replace_file(files.join(output_dir, "comparison.png"), lambda local: figure.savefig(
+        local, format="png", dpi=FIGURE_DPI), "comparison.md is new, the figure as before")
+    print(f"[INFO] wrote {files.join(output_dir, 'comparison.md')} and comparison.png")
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

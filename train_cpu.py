@@ -4,29 +4,28 @@
 """Train the article's MNIST autoencoder on the CPU (the article prints no CPU script).
 
 The article's TPU listing on TensorFlow's default strategy; lines marked "# +"
-go beyond it, and skipping them leaves the listing with the departures the
-README's table lists. Writes outputs/cpu.png, cpu.json (the run record) and
-cpu.keras.
+go beyond it, the others are its lines or the departures docs/article-map.md
+lists. Writes outputs/cpu.png, cpu.json (the run record) and cpu.keras.
 """
-# + Keras on TensorFlow, whatever KERAS_BACKEND says: its strategies run this
-from pyimagesearch import runtime  # +
-runtime.tensorflow()  # +
+# + Keras on TensorFlow, the TPU left alone, a missing package one line: before the import
+from pyimagesearch import host  # +
+host.prepare_tensorflow()  # +
 
-# import the necessary packages (the seed is fixed once the flags are read)
+# import tensorflow (the seed is set once the flags are read, below)
+import tensorflow as tf
+
+# import the necessary packages
 from pyimagesearch import config
 from pyimagesearch.data import get_data
 from pyimagesearch.autoencoder import AutoEncoder
 from pyimagesearch.loss import MSELoss
-from pyimagesearch.data import figure_digits  # the figure's digits: see testIm below
-from pyimagesearch import cli, outputs, strategies  # +
-import tensorflow as tf
-# the article's `from tensorflow... import` lines are the TPU's; this script
-# needs none of them (array_to_img: see the figure below)
-from matplotlib.figure import Figure  # import matplotlib.pyplot as plt: no pyplot
-# import os: the outputs' folder is made by outputs.RunOutputs (a bucket too)
+from pyimagesearch.data import figure_digits  # + the figure's digits, below
+from pyimagesearch import cli, exits, outputs, strategies  # +
+import io  # +
+import keras  # + Keras 3 itself, on TensorFlow: its seed below
+from matplotlib.figure import Figure  # not pyplot: no window, no global state
 
 
-@cli.one_run()  # + the flags' values hold in config for this run only
 def main(argv=None):  # +
     args = cli.parse_args("cpu", __doc__, argv)  # + the flags, checked
 
@@ -38,67 +37,65 @@ def main(argv=None):  # +
     # get the number of accelerators
     numAcc = strategy.num_replicas_in_sync
     print(f"[INFO] Number of accelerators: {numAcc}")
-    # + the flags set config's values: BATCH_SIZE, the steps derived from it,
-    # + EPOCHS, SEED, OPTIMIZER with its learning rate; get_data reads the plan
-    plan = cli.configure("cpu", args, strategy)  # +
+    plan = cli.plan("cpu", args, strategy)  # + the run: batch, steps, data, callbacks, backup
+    config = plan.config  # + config's names with the flags' values for this run
 
-    # fix the random seed for reproducibility: the article calls tf.random.set_seed(42)
-    # right after its import; here config.SEED (42, or --seed), once the flags are read
-    tf.keras.utils.set_random_seed(config.SEED)
-    run = cli.callbacks(plan)  # + callbacks; a backup's steps, which get_data skips
+    # fix the random seed (the article's tf.random.set_seed(42), under its import):
+    # config.SEED, 42 or --seed, for Python, NumPy and the backend alike
+    keras.utils.set_random_seed(config.SEED)
 
-    # get the training dataset: config.BATCH_SIZE (128) images per replica,
-    # where the TPU listing's config.TPU_BATCH_SIZE is global
+    # get the training dataset: config.BATCH_SIZE (128) images per replica, in
+    # global batches of that times numAcc, the plan's order and resume point
     print("[INFO] loading the training and validation datasets...")
     trainDs = get_data(dataName=config.DATA_NAME,
         split=config.TRAIN_FLAG, shuffleSize=config.SHUFFLE_SIZE,
-        batchSize=config.BATCH_SIZE * numAcc)
+        batchSize=config.BATCH_SIZE * numAcc, plan=plan)
 
-    # get the validation dataset: one pass over the split
+    # get the validation dataset: one pass over it, every batch split between the
+    # replicas, cut by get_data as the plan says
     valDs = get_data(dataName=config.DATA_NAME,
-        split=config.VALIDATION_FLAG, batchSize=config.BATCH_SIZE * numAcc)
+        split=config.VALIDATION_FLAG, batchSize=config.BATCH_SIZE * numAcc, plan=plan)
 
     # train the model in the scope
     with strategy.scope():
         # initialize the autoencoder model and compile it
         print("[INFO] initializing the model...")
         model = AutoEncoder()
-        # the article's scale=1, which numAcc is on one replica (see loss.py
-        # and train_tpu.py for several)
+        # the article's scale=1, which numAcc is on one replica (see loss.py)
         mseLoss = MSELoss(scale=numAcc)
-        model.compile(loss=mseLoss, optimizer=config.OPTIMIZER)
-        # + steps per call into the compiled step; --jit-compile: XLA; fit's
-        # + callbacks and resume point; predict's batch of the figure's digits
-        run.tune(model)  # +
+        # steps per call into the compiled step (fewer round trips); XLA is --jit-compile's
+        model.compile(loss=mseLoss, optimizer=config.OPTIMIZER,
+            steps_per_execution=plan.steps_per_execution, jit_compile=plan.jit_compile)
 
-        # train the model: an epoch of config.STEPS_PER_EPOCH steps (the TPU
-        # listing's config.TPU_STEPS_PER_EPOCH), validation one pass over valDs
+        # train the model: the article's validation_steps is left out (Keras 3 would
+        # round it up to whole executions); fit gets the run's callbacks and the
+        # epoch a backup resumes at
         print("[INFO] training the autoencoder...")
-        if plan.loop == "custom":  # + --loop custom: the explicit loop of loop.py
-            from pyimagesearch.loop import custom_loop  # + loaded for it only
-            history = custom_loop(model, trainDs, valDs, plan, run)  # +
+        if plan.loop == "custom":  # + --loop custom: loop.py's explicit loop
+            from pyimagesearch.loop import fit_custom  # +
+            history = fit_custom(model, trainDs, valDs, plan)  # +
         else:  # +
-            # + a run resumed in mid-epoch trains the rest of that epoch first
-            trainDs = run.finish_epoch(model, trainDs, valDs, plan.verbose)  # +
+            trainDs = plan.finish_epoch(model, trainDs, valDs)  # + a backup's part epoch
             model.fit(trainDs, epochs=config.EPOCHS,
                 steps_per_epoch=config.STEPS_PER_EPOCH,
-                validation_data=valDs)
+                validation_data=valDs,
+                callbacks=plan.callbacks, initial_epoch=plan.initial_epoch,
+                verbose=plan.verbose, shuffle=False)
             history = model.history.history  # + the losses, for the run record
+    record = outputs.run_record(plan, plan.history(history))  # + settings, losses
 
-    # grab 8 different digits from the validation set (the article takes valDs'
+    # grab 8 different digits of the validation set (the article takes valDs'
     # first batch), the same for every run, repeated so every replica has some,
-    # and predict them in one batch (Keras' default of 32 starves replicas past 32)
+    # and predict them in one batch
     print("[INFO] evaluating the model...")
-    testIm = figure_digits(config.VALIDATION_FLAG, numAcc)
-    predIm = model.predict(testIm)
-    record = outputs.run_record(plan, run, history)  # + settings, losses, seconds
+    testIm = figure_digits(plan.source, numAcc)
+    predIm = plan.predict(model, testIm)
 
-    # create subplots: a Figure of its own, not pyplot's (no window, no global
-    # state); 4 x 16 inches at 80 dpi, not the article's (10, 40) at 100, and
-    # no pixel ticks, which tell nothing
+    # create subplots: a Figure of its own, 4 x 16 inches at 80 dpi (not the
+    # article's (10, 40)), no pixel ticks, and the run in its title
     fig = Figure(figsize=(4, 16), layout="constrained", dpi=80)
     axes = fig.subplots(nrows=8, ncols=2, subplot_kw={"xticks": [], "yticks": []})
-    fig.suptitle(outputs.figure_title(plan, record), fontsize="medium")  # + the run
+    fig.suptitle(outputs.figure_title(record), fontsize="medium")  # +
 
     # iterate over the subplots and fill with test and predicted images, in
     # their true grey levels (array_to_img would stretch each one's contrast)
@@ -112,14 +109,15 @@ def main(argv=None):  # +
         ax[1].imshow(pred[..., 0], cmap="gray", vmin=0, vmax=1)
         ax[1].set_title("Predicted Image")
 
-    # save the figure (RunOutputs makes the folder, the article's os lines)
+    # save the figure: the article's os.makedirs lines are gone (the output folder,
+    # which may be a bucket, was made and checked before training); the figure is
+    # drawn into memory and written whole at config.CPU_IMG_PATH, the model and
+    # the run record beside it
     print("[INFO] saving the predicted images...")
-    # + figure, run record and model replace earlier ones together: in the
-    # + block, config.CPU_IMG_PATH is the staged figure's path under --output-dir
-    with outputs.RunOutputs(plan, run, record) as staged:  # +
-        fig.savefig(config.CPU_IMG_PATH)
-        model.save(staged.path("keras"))  # +
+    image = io.BytesIO()  # +
+    fig.savefig(image, format="png")
+    outputs.save(config.CPU_IMG_PATH, image.getvalue(), model, record, plan)
 
 
 if __name__ == "__main__":  # +
-    cli.run_main(main)  # + a wrong flag, a lost peer or a signal: one line, an exit status
+    exits.run_main(main)  # + a wrong flag, a lost peer or a signal: one line, an exit status

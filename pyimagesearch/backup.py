@@ -1,61 +1,47 @@
-"""--backup-dir: survive a crash, in both training loops, on TensorFlow and on JAX.
+"""--backup-dir: a run that crashes or gets SIGTERM resumes where it stopped, on both backends.
 
-The backup folder (local or gs://...) holds:
+The folder (local or gs://...) holds:
 
-    checkpoints/   a tf.train.CheckpointManager of the model, its optimizer
-                   and the global steps trained, saved at every epoch end,
-                   every --backup-every steps and when SIGTERM comes
-    history.json   the losses of the epochs done, for the run record
-    run.json       what run the backup belongs to, so another run's is refused
+    weights-N.weights.h5   model.save_weights after N global steps: the model's and
+                           its optimizer's variables (Keras' own format, any backend)
+    backup.json            which run it is, the steps trained, the weights file that
+                           holds them, and the losses of the epochs done
+    .lock                  the host and process that use it
 
-`Backup` is one Keras callback that `fit` and the custom loop both drive.
-On Keras' JAX backend (train_tpu.py's route on Colab's and Kaggle's TPUs)
-`KerasBackup` keeps history.json and run.json alike, and in place of
-checkpoints/ Keras' own weights file, since a tf.train.Checkpoint holds
-TensorFlow variables only:
-
-    checkpoint-N.weights.h5   model.save_weights: the model's and its
-                              optimizer's variables after N global steps
-    checkpoint.json           the steps trained and the file that holds them
-Keras' own BackupAndRestore is not used because its .weights.h5 files carry
-no checkpoint object that TensorFlow's multi-worker and TPU tooling can
-share, and under MultiWorkerMirroredStrategy every process would write the
-same files; a tf.train.Checkpoint works the same under every strategy.
+Each save writes a new weights file and only then replaces backup.json, whole,
+to name it: a run killed while it saves leaves the last good pair. Keras'
+BackupAndRestore is not enough here (keras/src/callbacks/backup_and_restore.py,
+3.15.1): it resumes at an epoch's start, so a resumed run would train that
+epoch's first steps twice, keeps no losses for the run record, and cannot tell
+another run's backup from this one's. Resuming from the step itself (the data
+skips the batches trained) gives the uninterrupted run's weights.
 """
 import math
 import os
-import shutil
+import socket
+import tempfile
 
 import keras
 import tensorflow as tf
 
-from pyimagesearch import exits
 from pyimagesearch.config import IMAGE_SHAPE
 from pyimagesearch.errors import Preempted, UserError, first_line
-from pyimagesearch.files import LOCK, join, read_json, scratch_folder, take_lock, write_json
-from pyimagesearch.plan import default_settings, run_name
-from pyimagesearch.workarounds import stop_preemption_handler
+from pyimagesearch.files import join, read_json, replace_file, write_json
+from pyimagesearch.plan import Settings, run_name
 
-HISTORY = "history.json"   # losses of the epochs done, written before the checkpoint
-RUN = "run.json"           # the configuration the backup belongs to
-CHECKPOINTS = "checkpoints"
-MODEL = "AutoEncoder"  # the one model the scripts train (pyimagesearch.autoencoder)
-KERAS_BACKUP = "training_metadata.json"  # what the repo's fit backups held until 2026-12
-CHECKPOINT = "checkpoint.json"  # on JAX: the steps trained and the weights file holding them
-WEIGHTS = "checkpoint-{step}.weights.h5"  # on JAX: model.save_weights after `step` steps
+STATE, LOCK = "backup.json", ".lock"
+FRESH = "delete the backup folder to start fresh"
 
 
 def identity(plan):
     """What a backup must match to be resumed: the same model trained the same way.
 
-    "run" is the script's run without its flags (cpu, tpu_rehearsal, with the
-    runtime): the settings that matter follow it one by one, and --epochs is
-    not among them, so a backup can be resumed to train on for more epochs.
+    The run's name without its flags (cpu, tpu_rehearsal_jax), then the settings
+    that matter one by one; not --epochs, so a backup can train on for more.
     """
     settings, source = plan.settings, plan.source
-    run = run_name(plan.device, default_settings(plan.device), plan.rehearsal, plan.runtime,
-                   plan.backend)  # "..._jax" on JAX: the other backend's backup is refused
-    return {"run": run, "model": MODEL,
+    return {"run": run_name(plan.device, Settings.defaults(plan.device), plan.rehearsal,
+                            plan.runtime, plan.backend),
             "global_batch_size": plan.global_batch_size, "replicas": plan.replicas,
             "steps_per_epoch": plan.steps_per_epoch, "loop": plan.loop,
             "precision": settings.precision, "optimizer": settings.optimizer,
@@ -64,261 +50,200 @@ def identity(plan):
             "seed": settings.seed, "jit_compile": settings.jit_compile}
 
 
-def saved_checkpoint(folder):
-    """(global steps, path) of the checkpoint the backup `folder` holds; (0, None) without one.
-
-    Raises what TensorFlow raises for a checkpoint that cannot be read, and
-    ValueError where its state names a checkpoint that is not there.
-    """
-    checkpoints = join(folder, CHECKPOINTS)
-    if tf.io.gfile.exists(checkpoints) and not tf.io.gfile.isdir(checkpoints):
-        raise ValueError(f"{checkpoints} is a file, not a folder")
-    state = tf.train.get_checkpoint_state(checkpoints)
-    if state is None or not state.model_checkpoint_path:
-        return 0, None
-    latest = state.model_checkpoint_path
-    if not tf.io.gfile.exists(latest + ".index"):
-        # (tf.train.latest_checkpoint would log an error and report none)
-        raise ValueError(f"{latest}, which its state file names, is missing")
-    return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE")), latest
+def _count(count, what):
+    return f"{count:,} {what}" + ("" if count == 1 else "s")
 
 
 class Backup(keras.callbacks.Callback):
     """The run's backup folder: refuse another run's, resume this one's, keep it current.
 
-    Under MultiWorkerMirroredStrategy every worker saves (TensorFlow's
-    multi-worker guide asks for it); the chief into the backup folder, the
-    others into a temporary folder that is removed. Every worker restores
-    from the chief's folder.
+    Every process saves its model's state (on JAX saving syncs it), the chief
+    alone writes the folder; every process reads it.
     """
 
-    def __init__(self, plan):
+    def __init__(self, plan, interrupts):
         super().__init__()
-        self.folder = plan.settings.backup_dir
-        self.every = plan.settings.backup_every  # steps between mid-epoch saves
+        self.folder, self.every = plan.settings.backup_dir, plan.settings.backup_every
         self.epochs, self.steps_per_epoch = plan.settings.epochs, plan.steps_per_epoch
-        self.is_chief, self.workers, self.cluster = plan.is_chief, plan.workers, plan.cluster
-        self.handler_acts = plan.preemption_handler  # agreed by every worker
-        self.run = identity(plan)
+        self.is_chief, self.cluster, self.backend = plan.is_chief, plan.cluster, plan.backend
+        self.interrupts, self.run = interrupts, identity(plan)
         self.history = {"loss": [], "val_loss": []}
-        self.start_step = 0  # global steps trained before this run
-        self._latest = None  # the checkpoint `resume` found, restored at train begin
+        self.step, self._weights, self._handler = 0, None, None
 
-    def resume(self, cluster=None):
-        """Check the folder belongs to this run; return the global steps already trained.
-
-        Every worker of a cluster reads the folder, and they check together
-        that all found the same, so that all stop or none (a refused backup
-        too); only then does the chief write run.json.
-        """
-        step, refusal = self._checkpoint_step(), self._refusal()
-        if cluster:  # TensorFlow's workers, or a JAX slice's processes
-            cluster.agree({"backup": refusal or f"{step:,} steps done"}, topic="backup")
+    def resume(self):
+        """Check the folder is this run's; the global steps it has trained already."""
+        state, refusal = None, None
+        try:
+            state, refusal = self._read()
+        except UserError as error:
+            refusal = str(error)
+        if self.cluster:  # every process read the same, or none goes on
+            self.cluster.agree({"error": refusal, "steps": state and state["step"]}, "backup")
         if refusal:
             raise UserError(refusal)
-        epochs_done = step // self.steps_per_epoch
-        history = self._read(HISTORY) or self.history
-        if not (isinstance(history, dict) and all(
-                isinstance(history.get(key), list) and all(
-                    isinstance(value, (int, float)) for value in history[key])
-                for key in self.history)):
-            raise UserError(f"{join(self.folder, HISTORY)} does not hold a backup's losses; "
-                            "delete the backup folder to start fresh")
-        short = [key for key in self.history if len(history[key]) < epochs_done]
-        if short:  # the run record would say N epochs and hold fewer losses
-            raise UserError(f"{join(self.folder, HISTORY)} holds the {short[0]} of "
-                            f"{_count(len(history[short[0]]), 'epoch')}, but the backup's "
-                            f"checkpoint has {_count(epochs_done, 'epoch')} done; delete the "
-                            "backup folder to start fresh")
-        self.history = {key: list(history[key][:epochs_done]) for key in self.history}
-        if step > self.epochs * self.steps_per_epoch:
-            rest = step - epochs_done * self.steps_per_epoch
-            held = _count(epochs_done, "epoch") + (f" and {_count(rest, 'step')}" if rest else "")
-            raise UserError(f"the backup in {self.folder} has {step:,} steps done ({held}), "
-                            f"more than the {self.epochs * self.steps_per_epoch:,} of --epochs "
-                            f"{self.epochs}; raise --epochs, or delete the backup to start "
-                            "fresh")
         if self.is_chief:
             tf.io.gfile.makedirs(self.folder)
-            take_lock(self.folder)  # a second run on the same folder stops here
-            write_json(join(self.folder, RUN), self.run)
-        # global steps trained, saved with the weights: counted on across both
-        # calls to fit of a run resumed mid-epoch
-        self.start_step = self._trained = step
-        if step:
-            print(f"[INFO] resuming from {self.folder}: {epochs_done} of {self.epochs} "
-                  f"epochs and {step:,} steps done")
-        return step
+            self._lock()
+        if state:
+            self.step, self._weights = state["step"], join(self.folder, state["weights"])
+            done = self.step // self.steps_per_epoch
+            self.history = {key: state["history"][key][:done] for key in self.history}
+            print(f"[INFO] resuming from {self.folder}: {done} of {self.epochs} epochs and "
+                  f"{self.step:,} steps done")
+        return self.step
 
-    def _read(self, name):
-        """A JSON file of the backup, None if absent; a broken one says what to do."""
-        return read_json(join(self.folder, name),
-                         advice="delete the backup folder to start fresh")
-
-    def _refusal(self):
-        """Why the folder cannot be this run's backup; None if it is empty or this run's."""
-        saved = self._read(RUN)
-        if saved is not None and not isinstance(saved, dict):
-            return (f"{join(self.folder, RUN)} does not describe a run; delete the "
-                    "backup folder to start fresh")
-        has_state = tf.io.gfile.exists(self.folder) and any(
-            name != LOCK for name in tf.io.gfile.listdir(self.folder))
-        if saved is None and has_state:
-            return (f"--backup-dir {self.folder} holds files of something else; "
-                    "choose an empty or new folder")
-        if saved is not None and saved != self.run:
+    def _read(self):
+        """(the backup's state or None, why it cannot be this run's or None)."""
+        state = read_json(join(self.folder, STATE), advice=FRESH)
+        if state is None:
+            others = [name for name in (tf.io.gfile.listdir(self.folder)
+                                        if tf.io.gfile.isdir(self.folder) else [])
+                      if name.rstrip("/") != LOCK]
+            return None, others and (f"--backup-dir {self.folder} holds files of something "
+                                     "else; choose an empty or new folder")
+        history = state.get("history") if isinstance(state, dict) else None
+        step = state.get("step") if isinstance(state, dict) else None
+        if not (isinstance(step, int) and step >= 0 and isinstance(history, dict) and all(
+                isinstance(history.get(key), list) for key in self.history)
+                and state.get("weights") == f"weights-{step}.weights.h5"):
+            return None, f"{join(self.folder, STATE)} does not describe a backup; {FRESH}"
+        if state.get("run") != self.run:
+            saved = state.get("run") if isinstance(state.get("run"), dict) else {}
             differs = ", ".join(f"{key} {saved.get(key)!r} -> {self.run.get(key)!r}"
                                 for key in sorted(set(saved) | set(self.run))
                                 if saved.get(key) != self.run.get(key))
-            return (f"--backup-dir {self.folder} is the backup of another run "
-                    f"({differs}); delete it, or give a new --backup-dir, to "
-                    "start fresh")
-        if tf.io.gfile.exists(join(self.folder, KERAS_BACKUP)):
-            return (f"--backup-dir {self.folder} was written by an earlier version "
-                    "of this repo (Keras' BackupAndRestore), which cannot be "
-                    "resumed here; delete it to start fresh")
-        return None
+            return None, (f"--backup-dir {self.folder} is the backup of another run "
+                          f"({differs}); delete it, or give a new --backup-dir, to start fresh")
+        done = step // self.steps_per_epoch
+        if step > self.epochs * self.steps_per_epoch:
+            rest = step - done * self.steps_per_epoch
+            held = _count(done, "epoch") + (f" and {_count(rest, 'step')}" if rest else "")
+            return None, (f"the backup in {self.folder} has {step:,} steps done ({held}), more "
+                          f"than the {self.epochs * self.steps_per_epoch:,} of --epochs "
+                          f"{self.epochs}; raise --epochs, or delete the backup to start fresh")
+        if any(len(history[key]) < done for key in self.history):
+            return None, (f"{join(self.folder, STATE)} holds the losses of fewer epochs than "
+                          f"its {_count(done, 'epoch')} done; {FRESH}")
+        if not tf.io.gfile.exists(join(self.folder, state["weights"])):
+            return None, (f"{join(self.folder, state['weights'])}, which {STATE} names, is "
+                          f"missing; {FRESH}")
+        return state, None
 
-    def _checkpoint_step(self):
-        """The global steps the checkpoint has trained (0 without one); keeps its path."""
-        try:
-            step, self._latest = saved_checkpoint(self.folder)
-        except (ValueError, IndexError, tf.errors.OpError) as error:
-            raise self._broken(error) from error
-        return step
-
-    def _broken(self, error):
-        """The one-line error for a checkpoint that cannot be read."""
-        return UserError(f"cannot read the checkpoint in {join(self.folder, CHECKPOINTS)} "
-                         f"({first_line(error)}); delete the backup folder to start fresh")
+    def _lock(self):
+        """This process uses the folder; one line if another live one does."""
+        path, mine = join(self.folder, LOCK), {"host": socket.gethostname(), "pid": os.getpid()}
+        held = read_json(path, advice=f"delete {path} if no run uses {self.folder}")
+        if isinstance(held, dict) and held != mine and (
+                held.get("host") != mine["host"] or _running(held.get("pid"))):
+            raise UserError(f"{self.folder} is in use by process {held.get('pid')} on "
+                            f"{held.get('host')} ({path}); wait for that run to end, or give "
+                            "another --backup-dir")
+        write_json(path, mine)
 
     def on_train_begin(self, logs=None):
-        """Load the checkpoint `resume` found, if any; from here SIGTERM saves and stops."""
-        self._open()
-        self._since = 0
-        # in a cluster, SIGTERM on any worker stops every worker at one step
-        self._handler_scratch = scratch_folder("preemption") if self.workers > 1 else None
-        self._handler = self._handler_scratch and exits.cluster_handler(
-            tf.distribute.get_strategy(), self._handler_scratch, self._save,
-            self._stop_cluster_preempted, acts=self.handler_acts)
-        exits.saving(True)
-
-    def _open(self):
-        """The checkpoint manager; the checkpoint `resume` found, loaded into the model."""
-        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
-                                         step=self._step)
-        target = join(self.folder, CHECKPOINTS)
-        self._scratch = None if self.is_chief else scratch_folder("ckpt")
-        self.manager = tf.train.CheckpointManager(checkpoint, self._scratch or target,
-                                                  max_to_keep=1)
-        if self._latest is not None:
+        """Load the weights `resume` found; from here SIGTERM saves and stops."""
+        if self._weights:
+            model = self.model  # on JAX, Callback.model puts fit's state back in the model
+            if not model.built:
+                model.build((None, *IMAGE_SHAPE))
+            if not model.optimizer.built:  # its variables exist once it is built
+                model.optimizer.build(model.trainable_variables)
             try:
-                checkpoint.restore(self._latest).expect_partial()
-            except (ValueError, IndexError, tf.errors.OpError) as error:
-                # IndexError: TensorFlow's "Read less bytes than requested", a cut file
-                raise self._broken(error) from error
-            # once: a second call to fit (after a part-trained epoch) goes on
-            # from the weights in memory
-            self._latest = None
+                model.load_weights(self._weights)
+            except (OSError, ValueError, KeyError) as error:  # h5py: a cut or foreign file
+                raise UserError(f"cannot read the backup {self._weights} ({first_line(error)}); "
+                                f"{FRESH}") from error
+            self._weights = None  # once: a second fit (after a part epoch) goes on in memory
+        self._saved, self._since = self.step, 0
+        self.interrupts.saving = True
+        if self.backend == "tensorflow" and self.cluster:
+            self._handler = _preemption_handler(self)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._done = 0  # steps of this call to fit (or this epoch) so far
+        self._done = 0  # steps of this epoch (or this call to fit) so far
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` is the last step the call into the compiled step ran,
-        # counted from 0 in the epoch (fit and the custom loop call once per
-        # execution of several steps)
+        # `batch` is the last step of the execution just run, counted from 0 in the epoch
         ran, self._done = batch + 1 - self._done, batch + 1
-        self._trained += ran
+        self.step += ran
         self._since += ran
         if self._done == self.params["steps"]:
             return  # the epoch's last step: on_epoch_end saves, after validation
         self._stop_if_preempted()
         if self.every and self._since >= self.every:
-            self._save()
+            self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         if not all(math.isfinite(logs[key]) for key in self.history):
             return  # a diverged run stops; its last good backup stays
-        # the history first: a crash between the two leaves one epoch too
-        # many in it, which `resume` trims, never one too few
         for key in self.history:
             self.history[key].append(float(logs[key]))
-        if self.is_chief:
-            write_json(join(self.folder, HISTORY), self.history)
         self._stop_if_preempted()
-        self._save()
+        self.save()
 
     def _stop_if_preempted(self):
-        """After a step: if SIGTERM came, save the backup and stop (exit status 143).
-
-        Alone, this process saves at once. In a cluster TensorFlow's handler
-        decides, and every worker saves at the step it agreed on.
-        """
-        if self._handler is not None:
+        """If SIGTERM came: save and stop (status 143); in a cluster every process at once."""
+        if self._handler is not None:  # TensorFlow's handler: every worker at one step
             try:
                 self._handler.save_checkpoint_if_preempted()
             except tf.errors.AlreadyExistsError:
                 pass  # SIGTERM after another worker ended training: none to stop
-        elif exits.requested():
-            self._save()
-            self._close()
-            raise Preempted(f"stopped by SIGTERM after {self._trained:,} steps; the backup "
-                            f"in {self.folder} holds them: run the same command to resume")
+            return
+        asked = self.interrupts.requested
+        if self.cluster and self.backend == "jax":  # a slice: at each epoch's end all say
+            asked = self.cluster.any_asked(f"sigterm/{self.step}", asked)
+        if asked:
+            self.save()
+            self.stop()
 
-    def _stop_cluster_preempted(self):
-        """TensorFlow's handler saved the backup on every worker: stop (exit status 143)."""
-        cause = "by SIGTERM" if exits.requested() else "because a peer got SIGTERM,"
-        self._close()
-        raise Preempted(f"stopped {cause} after {self._trained:,} steps with the whole "
-                        f"cluster; the backup in {self.folder} holds them: run the same "
-                        "command to resume")
+    def stop(self):
+        """The backup holds every step trained: end the run with status 143."""
+        self.on_train_end()
+        cause = "by SIGTERM" if self.interrupts.requested else "because a peer got SIGTERM,"
+        if self.cluster and hasattr(self.cluster, "end_together"):
+            self.cluster.end_together()
+        raise Preempted(f"stopped {cause} after {self.step:,} steps; the backup in "
+                        f"{self.folder} holds them: run the same command to resume")
 
-    def _save(self):
-        """Save the checkpoint of the steps trained; a failure is one line, the last one kept.
-
-        CheckpointManager writes the new checkpoint before its state file
-        names it, so a save that fails (a full disk, a bucket gone) leaves the
-        state naming the last good one; what was half written is removed.
-        """
-        self._step.assign(self._trained)
+    def save(self):
+        """A new weights file, then backup.json naming it, then the earlier file removed."""
+        if self.step == self._saved and self._since == 0:
+            return
+        name = f"weights-{self.step}.weights.h5"
+        scratch = tempfile.mkdtemp(prefix="pyimagesearch-backup-")
+        local = os.path.join(scratch, "backup.weights.h5")
         try:
-            self.manager.save()
+            self.model.save_weights(local)  # every process: on JAX this syncs its state
+            if self.is_chief:
+                replace_file(join(self.folder, name), lambda path: tf.io.gfile.copy(
+                    local, path, overwrite=True), what=self._kept())
+                write_json(join(self.folder, STATE), {"run": self.run, "step": self.step,
+                                                      "weights": name, "history": self.history},
+                           what=self._kept())
         except (OSError, tf.errors.OpError) as error:
-            written = self._scratch or join(self.folder, CHECKPOINTS)
-            for path in (tf.io.gfile.glob(join(written, "*_temp*"))
-                         + tf.io.gfile.glob(join(written, "checkpoint.tmp*"))):
-                if tf.io.gfile.isdir(path):
-                    tf.io.gfile.rmtree(path)
-                else:
-                    tf.io.gfile.remove(path)
-            self._close()
-            kept = self._kept()
             raise UserError(f"cannot save the backup in {self.folder} ({first_line(error)}) "
-                            f"after {self._trained:,} steps; {kept}, and the earlier outputs "
-                            "are untouched") from error
-        self._since = 0
+                            f"after {self.step:,} steps; {self._kept()}") from error
+        finally:
+            tf.io.gfile.rmtree(scratch)
+        if self.is_chief and self._saved != self.step:
+            old = join(self.folder, f"weights-{self._saved}.weights.h5")
+            if tf.io.gfile.exists(old):
+                tf.io.gfile.remove(old)
+        self._saved, self._since = self.step, 0
 
     def _kept(self):
-        """What the backup folder holds now, read back from it: for a line that says so."""
-        try:
-            step, _ = saved_checkpoint(self.folder)
-        except (ValueError, IndexError, tf.errors.OpError):
-            return "the backup there cannot be read back"
-        return _kept_line(step)
+        """What the backup folder holds now, in words, for a line about a failed save."""
+        step = self._saved
+        return (f"the backup of {step:,} steps stays, which the same command resumes from"
+                if step else "no backup was kept yet") + "; earlier outputs are untouched"
 
     def on_train_end(self, logs=None):
-        self._close()
-
-    def _close(self):
-        """Training is over, or stops: no more saves on SIGTERM, no temporary folders."""
-        exits.saving(False)
-        if self._handler is not None:
-            stop_preemption_handler(self._handler)
-        for scratch in (self._scratch, self._handler_scratch):
-            if scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
+        self.interrupts.saving = False
+        if self._handler is not None:  # its watcher threads outlive training otherwise
+            for name in ("_stop_cluster_wise_termination_watcher_thread",
+                         "_stop_poll_termination_signal_thread"):
+                getattr(self._handler, name, lambda: None)()
+            self._handler = None
 
     def finish(self):
         """The run's outputs are written: the backup is no longer needed."""
@@ -326,156 +251,47 @@ class Backup(keras.callbacks.Callback):
             tf.io.gfile.rmtree(self.folder)
 
 
-def saved_weights(folder):
-    """(global steps, path) of the weights file a JAX backup `folder` holds; (0, None) without.
+def _running(pid):
+    """Whether process `pid` of this machine exists."""
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    Raises a UserError for a checkpoint.json that cannot be read, and
-    ValueError where it names no file, or one that is not there.
+
+def preemption_handler_acts():
+    """Whether TensorFlow's PreemptionCheckpointHandler acts here: on Google Cloud's CPU and TPU
+    VMs it does nothing at all (none filed; failure_handling.py: "We can make it work upon
+    request"; still so in TensorFlow 2.19 to 2.21)."""
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+    devices = util.PlatformDevice
+    return util.detect_platform() not in (devices.GCE_CPU, devices.GCE_TPU)
+
+
+def _preemption_handler(backup):
+    """TensorFlow's PreemptionCheckpointHandler, so that SIGTERM on any worker stops them all.
+
+    Every worker calls save_checkpoint_if_preempted() after each execution; when
+    any worker's SIGTERM has come, they agree on a step, and there each saves
+    and stops. The handler counts its calls in a checkpoint of its own, kept in
+    a scratch folder and never saved, so that every worker counts from 0. Whether
+    it acts is the chief's decision for all: its variable is a collective.
     """
-    saved = read_json(join(folder, CHECKPOINT), advice="delete the backup folder to start fresh")
-    if saved is None:
-        return 0, None
-    step, name = (saved.get("step"), saved.get("weights")) if isinstance(saved, dict) else (0, 0)
-    if not (isinstance(step, int) and step >= 0 and isinstance(name, str)
-            and name == WEIGHTS.format(step=step)):
-        raise ValueError(f"{join(folder, CHECKPOINT)} does not name a checkpoint")
-    path = join(folder, name)
-    if not tf.io.gfile.exists(path):
-        raise ValueError(f"{path}, which {CHECKPOINT} names, is missing")
-    return step, path
+    if not backup.cluster.decide("preemption handler", preemption_handler_acts):
+        print("[INFO] TensorFlow's preemption handler does nothing on Google Cloud CPU and "
+              "TPU VMs: a worker that gets SIGTERM saves and stops alone, and the restarted "
+              "cluster resumes from the chief's last backup", flush=True)
+        return None
+    strategy = tf.distribute.get_strategy()
+    counter = tf.train.CheckpointManager(tf.train.Checkpoint(),
+                                         tempfile.mkdtemp(prefix="pyimagesearch-preemption-"),
+                                         max_to_keep=1)
+    config = tf.distribute.experimental.TerminationConfig(
+        termination_watcher_fn=lambda: backup.interrupts.requested, exit_fn=backup.stop,
+        grace_period=0, save_fn=backup.save)
+    return tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, counter, termination_config=config)
 
-
-class KerasBackup(Backup):
-    """The backup on Keras' JAX backend: Keras' own weights file, named by a small JSON file.
-
-    A tf.train.Checkpoint tracks TensorFlow variables only; on JAX the
-    model's are jax.Arrays. `model.save_weights` writes the variables of the
-    model and of its optimizer (its step count, Adam's moments) into one
-    .weights.h5 file, the same format on every backend (Keras 3.15,
-    keras/src/saving/saving_lib.py: `save_weights_only` calls `_save_state`,
-    which walks every KerasSaveable attribute of the model, `optimizer`
-    among them). As tf.train.CheckpointManager does, each save is a new file
-    and only then does checkpoint.json, replaced by one rename
-    (files.write_json), name it: a run killed while it saves leaves the last
-    good pair.
-
-    Keras' BackupAndRestore is not used (keras/src/callbacks/
-    backup_and_restore.py, 3.15.1): it writes latest.weights.h5 over the
-    last one and training_metadata.json after it, so a kill in between
-    leaves new weights with the old epoch; it resumes at the start of an
-    epoch (the batch it records is never read); and it deletes its folder
-    when fit returns, before the run's outputs are written.
-
-    Keras on JAX runs a TPU's whole epoch per call (plan.py), so, as on a
-    TensorFlow TPU, the backups and SIGTERM's stop come at epoch ends. On
-    a slice of several processes (jax_slice.py) every process reads the
-    backup and process 0 alone writes it; at each epoch's end they all say
-    whether SIGTERM came to them, and if it came to any, all stop there,
-    after process 0 has saved.
-    """
-
-    def _stop_if_preempted(self):
-        if self.workers == 1:
-            return super()._stop_if_preempted()
-        from pyimagesearch.jax_slice import any_asked
-
-        if not any_asked(self.cluster, f"sigterm/{self._trained}", exits.requested()):
-            return
-        self._save()
-        self._close()
-        self.cluster.end_together()  # process 0 has saved: all leave as one
-        cause = "by SIGTERM" if exits.requested() else "because another process got SIGTERM,"
-        raise Preempted(f"stopped {cause} after {self._trained:,} steps with every process; "
-                        f"the backup in {self.folder} holds them: run the same command on "
-                        "every host to resume")
-
-    def _checkpoint_step(self):
-        """The global steps the weights file has trained (0 without one); keeps its path."""
-        try:
-            step, self._latest = saved_weights(self.folder)
-        except ValueError as error:
-            raise self._broken(error) from error
-        return step
-
-    def _broken(self, error):
-        """The one-line error for a weights file that cannot be read."""
-        return UserError(f"cannot read the checkpoint in {self.folder} ({first_line(error)}); "
-                         "delete the backup folder to start fresh")
-
-    def _open(self):
-        """Load the weights file `resume` found, if any, into the model and its optimizer."""
-        self._scratch = scratch_folder("weights")  # Keras writes each file here first
-        self._saved = self._latest
-        for path in tf.io.gfile.glob(join(self.folder, WEIGHTS.format(step="*"))):
-            if path != self._latest and self.is_chief:  # the new file of a save that was killed
-                _remove(path)
-        if self._latest is None:
-            return
-        model = self.model  # on JAX, Keras' Callback.model puts fit's state back in the model
-        if not model.built:  # JAX's fit has built it (its _symbolic_build); TensorFlow's defers
-            model.build((None, *IMAGE_SHAPE))
-        if not model.optimizer.built:  # its variables exist only once built
-            model.optimizer.build(model.trainable_variables)
-        try:
-            model.load_weights(self._latest)
-        except (OSError, ValueError, KeyError) as error:  # h5py: a cut or foreign file
-            raise self._broken(error) from error
-        self._latest = None  # once, as in Backup._open
-
-    def _save(self):
-        """A new weights file, then checkpoint.json naming it; the earlier file removed.
-
-        A failure (a full disk, a bucket gone) is one line, and leaves the last pair.
-        """
-        path = join(self.folder, WEIGHTS.format(step=self._trained))
-        if path != self._saved:  # (the same steps are the same weights)
-            local = os.path.join(self._scratch, "checkpoint.weights.h5")
-            try:
-                # written here, then copied: on a full disk h5py would also print
-                # the errors it meets while it closes the file. Every process of a
-                # slice writes its copy, as process 0 does, or their models' state
-                # would differ from here on (Keras on JAX syncs it as it saves)
-                self.model.save_weights(local)
-                if not self.is_chief:
-                    return
-                tf.io.gfile.copy(local, path, overwrite=True)
-                write_json(join(self.folder, CHECKPOINT),
-                           {"step": self._trained, "weights": path.rsplit("/", 1)[-1]})
-            except (OSError, tf.errors.OpError, UserError) as error:
-                _remove(path)
-                self._close()
-                raise UserError(f"cannot save the backup in {self.folder} "
-                                f"({first_line(error)}) after {self._trained:,} steps; "
-                                f"{self._kept()}, and the earlier outputs are untouched"
-                                ) from error
-            if self._saved:
-                _remove(self._saved)
-            self._saved = path
-        self._since = 0
-
-    def _kept(self):
-        """What the backup folder holds now, read back from it: for a line that says so."""
-        try:
-            step, _ = saved_weights(self.folder)
-        except (ValueError, UserError):
-            return "the backup there cannot be read back"
-        return _kept_line(step)
-
-
-def _remove(path):
-    """Remove the file `path` if it is there."""
-    if path and tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
-
-
-def _kept_line(step):
-    """What a backup of `step` global steps lets the same command do."""
-    if not step:
-        return "it holds no backup yet"
-    return (f"it holds the backup of {step:,} steps, which the same command resumes "
-            "from (once there is room)")
-
-
-def _count(count, what):
-    """'1 epoch', '2 epochs'."""
-    return f"{count:,} {what}" + ("" if count == 1 else "s")

@@ -1,33 +1,16 @@
-"""The custom loop's step on Keras' JAX backend: `jax.value_and_grad`, jitted, data-parallel.
+"""--loop custom's step on Keras' JAX backend: `jax.value_and_grad`, jitted, data-parallel.
 
-`--loop custom` on train_tpu.py's JAX route. loop.py drives it (epochs,
-callbacks, history, validation) as it drives TensorFlow's step; here is the
-step itself, in Keras 3's stateless API, as Keras' own JAX trainer writes
-its `train_step` (keras/src/backend/jax/trainer.py, Keras 3.15.1:
-`compute_loss_and_updates` under `jax.value_and_grad`, then
-`optimizer.stateless_apply`):
-
-- the loss is the article's per-image error (`loss.per_image_mse`, the
-  values `MSELoss` averages) with its reduction spelled out: the SUM over
-  the images of the global batch divided by the GLOBAL batch size, what
-  `tf.nn.compute_average_loss` gives each replica on TensorFlow;
-- one jitted function sees the whole global batch, split between the
-  DataParallel's devices by its sharding (each batch is placed as
-  keras.distribution places fit's: `jax.make_array_from_process_local_data`
-  with the distribution's data layout, keras/src/backend/jax/
-  distribution_lib.py). XLA adds the devices' partial sums, so every device
-  applies the gradient of the mean over all the images: the same SGD step
-  as one device on the same batch (tools/jax_loss_step.py --loop custom,
-  tests/test_jax_loop.py);
-- the variables stay Keras': read before a call of `count` steps, written
-  back after it, so the callbacks (backups, TensorBoard, the figure's
-  digits) see this step's weights, as they do under `fit`.
-
-Under mixed_float16 the optimizer is a LossScaleOptimizer: `scale_loss`
-(in a StatelessScope over the optimizer's variables, as Keras' trainer does)
-multiplies the loss before the gradient, and its `stateless_apply` divides
-the gradient back and skips a step that overflowed. The skip is decided on
-the gradient of the whole global batch, so every device takes the same one.
+loop.py drives it as it drives TensorFlow's step. The step is written in Keras
+3's stateless API, as Keras' own JAX trainer writes its `train_step`
+(keras/src/backend/jax/trainer.py): the loss is the per-image error summed over
+the global batch and divided by its size, what `tf.nn.compute_average_loss`
+gives each replica on TensorFlow. One jitted function sees the whole global
+batch, split between the DataParallel's devices by its sharding, so every
+device applies the gradient of the mean over all the images. The variables
+stay Keras': read before a call of several steps, written back after it, so
+the callbacks see this step's weights. Under mixed_float16 the optimizer's
+`scale_loss` and `stateless_apply` scale the loss and skip an overflowed step,
+decided on the whole batch's gradient.
 """
 import inspect
 
@@ -48,7 +31,7 @@ class JaxSteps:
         self._train_step = self._error_sum = None  # compiled at the first batch
 
     def _compile(self, images):
-        """Build the model for `images` (as fit's first batch does), its optimizer, the steps."""
+        """Build the model (as fit's first batch does), its optimizer, the jitted steps."""
         model = self.model
         with self.strategy.scope():  # the optimizer's slots replicated like the weights
             if not model.built:
@@ -89,7 +72,7 @@ class JaxSteps:
         return loss, [trainable, non_trainable, optimizer_values]
 
     def _training(self, training):
-        """`training=` for the model's call, if its `call` takes it (stateless_call calls it bare)."""
+        """`training=` for the model's call, if its `call` takes it (stateless_call passes none)."""
         takes = "training" in inspect.signature(self.model.call).parameters
         return {"training": training} if takes else {}
 

@@ -1,30 +1,27 @@
-"""Keras on JAX past one host: one process per host of a TPU slice, or the launcher's rehearsal.
+"""Keras on JAX past one host: the JAX processes of a TPU slice (one per host), or a rehearsal.
 
-A TPU slice of several hosts (a v5e-16 is 4 hosts of 4 chips) runs one JAX
-process per host, every host the same command. `join` makes them one
-system with `jax.distributed.initialize`: on a Cloud TPU VM or a GKE TPU
-slice JAX reads the hosts and this one's index from the TPU's metadata or
-`TPU_WORKER_HOSTNAMES`; elsewhere they come from Keras' own variables,
-KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator first),
-KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID, which
-`tools/launch_workers.py` sets for a rehearsal on this machine (each process
-then holds JAX CPU devices, and their collectives travel over gloo on loopback).
+`join` makes the processes one system with `jax.distributed.initialize()`. On a
+Cloud TPU VM and on GKE, JAX finds the slice by itself (its cloud_tpu_cluster
+reads the TPU's metadata, or GKE's TPU_WORKER_HOSTNAMES and TPU_WORKER_ID): a
+single host is a slice of one. tools/launch_workers.py rehearses a slice on this
+machine with Keras' KERAS_DISTRIBUTION_* variables, each process holding JAX CPU
+devices whose collectives travel over gloo. JAX is called directly, not through
+`keras.distribution.initialize`, which passes no time limit (a host that never
+starts would hold the others for JAX's 300 s); Keras' random generators agree
+across processes anyway, since every process sets the same --seed.
 
-Once joined, jax_route.strategy spans every device of every process, Keras'
-`fit` gives each process its share of each global batch (`DataParallel`'s
-`distribute_dataset`), and one jitted step trains the mean over the whole
-global batch. The `Slice` stands where TensorFlow's cluster.Cluster does: its
-process 0 is the chief, the only one that writes; the processes agree on
-their settings before training (`check_workers_agree`), and a lost one is one
-line (`_watch_peers`). Loaded for runs of several JAX processes only.
+Once joined, one DataParallel spans every process's devices, Keras' fit gives
+each process its share of each global batch, and process 0 alone writes. The
+`Slice` answers what a TensorFlow cluster.Cluster does: agree, decide, end.
 """
 import atexit
 import dataclasses
 import inspect
 import itertools
 import math
+import json
 import os
-import sys
+import socket
 import threading
 import time
 import warnings
@@ -33,182 +30,175 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pyimagesearch.cluster import AGREEMENT_TIMEOUT_S, KeyValueStore
-from pyimagesearch.cluster import check_workers_agree as agree
-from pyimagesearch.cluster import shared_decision as decided_once
+from pyimagesearch import exits
 from pyimagesearch.errors import PeerLost, UserError, first_line
-from pyimagesearch.runtime import this_process
-from pyimagesearch.terminal import filter_collective_noise
+from pyimagesearch.host import detect
 
-# Keras' names for a multi-process run's settings (keras.distribution.initialize reads them)
-ADDRESSES_ENV = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
-PROCESSES_ENV = "KERAS_DISTRIBUTION_NUM_PROCESSES"
-PROCESS_ID_ENV = "KERAS_DISTRIBUTION_PROCESS_ID"
-GKE_HOSTS_ENV = "TPU_WORKER_HOSTNAMES"  # GKE's, in every pod of a multi-host TPU slice
-MAX_PROCESSES = 4096  # beyond any TPU slice: a whole v5p pod, 8,960 chips, is 2,240 hosts
-# A lost peer: every process counts up its own beat in the coordination service's key-value
-# store each BEAT_S, and stops with PeerLost's one line and status 138 once another's beat
-# has not moved for PEER_SILENT_S (or the store is gone: process 0 is). JAX's own heartbeat
-# check is the backstop, later: it ends a process with status 1, which a restart policy
-# reads as a bug (the filter on stderr, started in join, turns its record into one line)
-BEAT_S = 1
-PEER_SILENT_S = 10
-HEARTBEAT_TIMEOUT_S = 60
-END_TIMEOUT_S = 600  # how long a process waits at the end for process 0 to write (a bucket)
+KERAS_ENV = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+             "KERAS_DISTRIBUTION_PROCESS_ID")
+AGREEMENT_TIMEOUT_S = 120
+BEAT_S, PEER_SILENT_S = 1, 10  # a peer whose beat stands still this long is lost: 138
+END_TIMEOUT_S = 600            # how long a process waits at the end for process 0 to write
 
 
-def processes(environ=os.environ):
-    """How many JAX processes this run spans: KERAS_DISTRIBUTION_NUM_PROCESSES if set,
-    else the hosts GKE names in TPU_WORKER_HOSTNAMES, else 1 (this host alone)."""
-    text = environ.get(PROCESSES_ENV)
-    if text is None:
-        hosts = [name for name in environ.get(GKE_HOSTS_ENV, "").split(",") if name.strip()]
-        return max(1, len(hosts))
-    if not (text.strip().isascii() and text.strip().isdigit()
-            and 1 <= int(text) <= MAX_PROCESSES):
-        raise UserError(f"{PROCESSES_ENV}={text!r}: give the number of processes, "
-                        f"one per host, from 1 to {MAX_PROCESSES}")
+def join(timeout_s, rehearsal=False, environ=os.environ):
+    """Join the slice's processes within `timeout_s` (--startup-timeout); this one's Slice,
+    or None alone (a rehearsal on one process, Colab's or Kaggle's single TPU host)."""
+    explicit = any(environ.get(name) for name in KERAS_ENV)
+    if not explicit and (rehearsal or not detect().tpu_chips or detect().jax_tpu_image):
+        return None
+    limits = {"initialization_timeout": max(1, math.ceil(timeout_s))}
+    if explicit:  # the launcher's rehearsal: Keras' variables, the coordinator listed first
+        count, index = _number(environ, KERAS_ENV[1], 1, 4096), None
+        if environ.get(KERAS_ENV[2]):
+            index = _number(environ, KERAS_ENV[2], 0, count - 1)
+        limits.update(coordinator_address=environ.get(KERAS_ENV[0], "").split(",")[0] or None,
+                      num_processes=count, process_id=index)
+    if rehearsal:  # JAX CPU devices across processes: gloo carries their collectives
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        with_recovery(limits)
+    # Keras shards a validation set by process with tf.data's `rebatch`, whose length it
+    # cannot know, and warns at each validation's end that it "ran out of data": the set's
+    # end (keras/src/distribution/distribution_lib.py, 3.15.1; no upstream report)
+    warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
+    print(f"[INFO] joining the slice's JAX processes (up to {timeout_s:g} s)", flush=True)
+    _wait_for_the_coordinator(environ, limits, timeout_s)
+    try:
+        jax.distributed.initialize(**limits)
+    except (ValueError, RuntimeError) as error:
+        raise UserError(f"cannot tell whether this host is one of several: JAX found no slice "
+                        f"to join ({first_line(error)}); on a Cloud TPU VM or GKE run the same "
+                        "command on every host of the slice, or raise --startup-timeout"
+                        ) from error
+    if jax.process_count() == 1:
+        return None
+    here = Slice(jax.process_count(), jax.process_index(), jax.local_device_count())
+    threading.Thread(target=_watch_peers, args=(here,), daemon=True).start()
+    atexit.register(here.leave)  # before JAX's own shutdown: atexit runs the last first
+    return here
+
+
+def _wait_for_the_coordinator(environ, limits, timeout_s):
+    """Wait, where signals act, until the coordinator answers (where its address is known):
+    JAX ends a process that cannot register in time itself, with status 1 and its own lines."""
+    hosts = [name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name]
+    index = limits.get("process_id", environ.get("TPU_WORKER_ID"))
+    address = limits.get("coordinator_address") or (hosts and f"{hosts[0]}:8476")  # JAX's port
+    if not address or str(index) in ("0", "None"):
+        return
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise PeerLost(f"process {index} gave up after {timeout_s:g} s waiting for the "
+                               f"coordinator, process 0, at {address} (--startup-timeout); start "
+                               "every host's process with the same command") from None
+            time.sleep(0.5)
+
+
+def with_recovery(limits):
+    """A rehearsal's options, where this jax has them: a lost peer is ours to say (status 138),
+    not JAX's to end us for. `jax_enable_recoverability` is experimental and "currently only
+    works fully on GPUs" (JAX's fault_tolerance page, jax 0.7.1 on): never set on a TPU."""
+    if "heartbeat_timeout_seconds" in inspect.signature(jax.distributed.initialize).parameters:
+        limits["heartbeat_timeout_seconds"] = 6 * PEER_SILENT_S
+    try:
+        jax.config.update("jax_enable_recoverability", True)
+    except AttributeError:  # jax 0.6.2, the last for Python 3.10: no such option
+        pass
+
+
+def _number(environ, name, low, high):
+    text = environ.get(name, "").strip()
+    if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+        raise UserError(f"{name}={environ.get(name)!r}: give a whole number from {low} to {high}")
     return int(text)
+
+
+def _client():
+    """JAX's coordination client and its key-value store (jax._src.distributed: private, and
+    where it is gone one line)."""
+    try:
+        from jax._src.distributed import global_state
+        client = global_state.client
+        client.key_value_set, client.blocking_key_value_get  # noqa: B018
+    except (ImportError, AttributeError) as error:
+        raise UserError(f"jax {jax.__version__} lacks the coordination service's key-value "
+                        "store, which runs of several processes use; install jax 0.6.2 to "
+                        "0.7.2") from error
+    return client
 
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
     """This process's place among the JAX processes of a slice (or of a rehearsal)."""
 
-    workers: int           # processes: one per host
-    task_index: int        # this one's: jax.process_index()
+    workers: int           # processes, one per host
+    task_index: int        # jax.process_index()
     devices_per_host: int  # jax.local_device_count()
-    # set once the run has ended here as it should (end_together): a silent peer is no loss
-    ended: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False,
-                                               compare=False)
-    task_type = "process"
+    ended: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False)
 
     @property
     def is_chief(self):
-        """Process 0 writes the figure, the record, the model and the backups."""
         return self.task_index == 0
 
     @property
     def name(self):
         return f"process {self.task_index}"
 
-    @property
-    def tasks(self):
-        return [f"process:{index}" for index in range(self.workers)]
-
-    # what cli, backup, outputs and exits ask of it, as of TensorFlow's cluster.Cluster
     def agree(self, facts, topic="run"):
-        check_workers_agree(self, facts, topic)
+        """Stop every process in one line unless all have the same `facts` (cluster.agree)."""
+        from pyimagesearch.cluster import agree
+        client = _client()
+        client.key_value_set(f"pyimagesearch/{topic}/{self.name}", json.dumps(facts))
+        others = [f"process {index}" for index in range(self.workers) if index != self.task_index]
+        agree(self.name, others, facts, lambda other: client.blocking_key_value_get(
+            f"pyimagesearch/{topic}/{other}", AGREEMENT_TIMEOUT_S * 1000), "process", "processes")
 
     def decide(self, topic, decide):
-        return shared_decision(self, topic, decide)
+        """`decide()` taken once, by process 0, and handed to every process."""
+        client, key = _client(), f"pyimagesearch/decided/{topic}"
+        if self.is_chief:
+            client.key_value_set(key, json.dumps(decide()))
+        return json.loads(client.blocking_key_value_get(key, AGREEMENT_TIMEOUT_S * 1000))
 
-    def lost(self, error):
-        return peer_lost(self, error)
+    def any_asked(self, topic, asked):
+        """Whether any process `asked` at this point of the run, which every process reaches:
+        SIGTERM at an epoch's end, so that all stop there or none."""
+        client = _client()
+        client.key_value_set(f"pyimagesearch/{topic}/{self.task_index}", "1" if asked else "")
+        return any([client.blocking_key_value_get(f"pyimagesearch/{topic}/{index}",
+                                                  AGREEMENT_TIMEOUT_S * 1000)
+                    for index in range(self.workers)])
 
     def end_together(self):
-        end_together(self)
+        """Every process has ended its run (process 0 has written): leave as one."""
+        try:
+            _client().wait_at_barrier("pyimagesearch/end", END_TIMEOUT_S * 1000)
+        except RuntimeError as error:
+            raise PeerLost(f"{self.name} of {self.workers} ended its run, but not all the others "
+                           f"did within {END_TIMEOUT_S} s ({first_line(error)})") from error
+        self.leave()
 
-
-def join(count, timeout_s, environ=os.environ):
-    """Join the run's `count` processes (jax.distributed.initialize) within `timeout_s`
-    (--startup-timeout); this one's Slice.
-
-    Called before anything asks JAX for its devices. Keras' own
-    `keras.distribution.initialize` reads the same variables, but passes
-    no timeouts: a process that never starts would hold the others for
-    JAX's 300 s, a lost one for its 100 s.
-    """
-    coordinator = environ.get(ADDRESSES_ENV, "").split(",")[0].strip() or None
-    given = environ.get(PROCESS_ID_ENV)
-    if given is not None and not (given.isascii() and given.isdigit() and int(given) < count):
-        raise UserError(f"{PROCESS_ID_ENV}={given!r}: give this process's index, "
-                        f"from 0 to {count - 1}")
-    where = coordinator or "the coordinator JAX finds on the slice"
-    # JAX ends a process itself (status 1) when it cannot join, or loses the coordinator:
-    # the record it writes (several lines of C++) becomes one line of ours
-    me = f"process {given}" if given is not None else "this process"
-    filter_collective_noise(this_process, (
-        f"{_prog()}: error: {me} of {count} lost a peer (JAX's distributed service ended "
-        "it, status 1); restart every process together",
-        f"{_prog()}: error: {me} could not join the other {count - 1} through {where} "
-        f"(--startup-timeout {timeout_s:g} s; JAX ended it, status 1); start every host's process "
-        "with the same command, or raise --startup-timeout"))
-    # Keras shards a tf.data validation set by process with `rebatch`, whose length tf.data
-    # does not know, and warns at the end of every validation that it "ran out of data":
-    # it is the set's end. Upstream: none filed; still so in Keras 3.15.1
-    # (keras/src/distribution/distribution_lib.py, distribute_tf_dataset)
-    warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
-    # CPU arrays across processes (a rehearsal's devices) need a collectives backend
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    limits = {"initialization_timeout": max(1, math.ceil(timeout_s))}
-    if "heartbeat_timeout_seconds" in inspect.signature(jax.distributed.initialize).parameters:
-        # a lost peer is _watch_peers' to say (status 138), not JAX's to end us for (status
-        # 1). jax 0.6.2, the last for Python 3.10 (Cloud TPU VMs), has neither setting: its
-        # processes wait for each other at exit, and its own heartbeat check takes 100 s
-        limits["heartbeat_timeout_seconds"] = HEARTBEAT_TIMEOUT_S
-    try:
-        jax.config.update("jax_enable_recoverability", True)
-    except AttributeError:  # "Unrecognized config option" (jax 0.6.2)
-        pass
-    print(f"[INFO] joining {count} JAX processes through {where} "
-          f"(up to {timeout_s:g} s)", flush=True)
-    jax.distributed.initialize(coordinator, count, int(given) if given is not None else None,
-                               **limits)
-    here = Slice(workers=jax.process_count(), task_index=jax.process_index(),
-                 devices_per_host=jax.local_device_count())
-    threading.Thread(target=_watch_peers, args=(here,), daemon=True,
-                     name="peer watch").start()
-    atexit.register(_leave, here)  # before JAX's own shutdown (atexit runs the last first)
-    return here
-
-
-def _leave(here):
-    """As this process ends, however it ends: the others first, process 0 last.
-
-    Process 0 holds JAX's coordinator: a process still connected when it
-    goes is ended by JAX (status 1, and a line saying a peer was lost),
-    even after a run that ended well or a refusal that all made alike. So
-    the others disconnect (jax.distributed.shutdown), and process 0 waits
-    until they have, or PEER_SILENT_S: JAX's "alive tasks" call returns once
-    every other process has called it too or has disconnected.
-    """
-    here.ended.set()
-    from jax._src.distributed import global_state  # private, as _client's
-
-    if global_state.client is None:  # left already
-        return
-    if not here.is_chief:
+    def leave(self):
+        """The others disconnect first and process 0, which holds JAX's coordinator, last:
+        a process still connected when it goes is ended by JAX, after a good run too. Every
+        process shuts down its client (jax 0.6.2 holds the others in a shutdown barrier
+        until process 0 reaches it too)."""
+        self.ended.set()
+        from jax._src.distributed import global_state
+        if global_state.client is None:  # left already
+            return
+        if self.is_chief:  # JAX's "alive tasks" call returns once the others have disconnected
+            waiting = threading.Thread(target=global_state.client.get_live_nodes,
+                                       args=(list(range(self.workers)),), daemon=True)
+            waiting.start()
+            waiting.join(PEER_SILENT_S)
         jax.distributed.shutdown()
-        return
-    waiting = threading.Thread(target=global_state.client.get_live_nodes,
-                               args=(list(range(here.workers)),), daemon=True)
-    waiting.start()
-    waiting.join(PEER_SILENT_S)
-
-
-def end_together(cluster, timeout_s=END_TIMEOUT_S):
-    """Wait until every process has ended its run (process 0 has written), then leave as one.
-
-    With JAX's recoverable tasks (join) nothing else holds a process at its
-    end, and the others would take its silence for a loss; then `_leave`.
-    """
-    try:
-        _client().wait_at_barrier("pyimagesearch/end", int(timeout_s * 1000))
-        _leave(cluster)  # here too: a preempted run leaves through os._exit, not atexit
-    except RuntimeError as error:
-        raise PeerLost(f"{cluster.name} of {cluster.workers} ended its run, but not all the "
-                       f"others did within {timeout_s:g} s ({first_line(error)})") from error
-
-
-def any_asked(cluster, topic, asked):
-    """Whether any process `asked` (True or False here) at this point of the run, which every
-    process reaches: SIGTERM, say, at an epoch's end, so that all stop there or none."""
-    client = _client()
-    client.key_value_set(f"pyimagesearch/{topic}/{cluster.task_index}", "1" if asked else "")
-    return any([client.blocking_key_value_get(f"pyimagesearch/{topic}/{index}",
-                                              int(AGREEMENT_TIMEOUT_S * 1000))
-                for index in range(cluster.workers)])
 
 
 def _watch_peers(here, clock=time.monotonic):
@@ -218,102 +208,42 @@ def _watch_peers(here, clock=time.monotonic):
         try:
             client.key_value_set(f"pyimagesearch/beat/{here.task_index}", str(beat),
                                  allow_overwrite=True)
-            for index in range(here.workers):
-                if index != here.task_index:
-                    seen = _beat_of(client, index)
-                    if moved.get(index, (None,))[0] != seen:
-                        moved[index] = (seen, clock())
-        except RuntimeError as error:  # the store is process 0's: it is gone
+            for index in set(range(here.workers)) - {here.task_index}:
+                try:
+                    seen = client.key_value_try_get(f"pyimagesearch/beat/{index}")
+                except RuntimeError as error:
+                    if "NOT_FOUND" not in str(error):
+                        raise
+                    seen = None
+                if moved.get(index, (None,))[0] != seen:
+                    moved[index] = (seen, clock())
+        except RuntimeError as error:  # the store is process 0's: it is gone (JAX's own
+            # client mostly ends this process first, with its fatal line and SIGABRT)
             if here.ended.is_set():
                 return
-            _end(PeerLost(f"{here.name} of {here.workers} lost process 0, the coordinator "
-                          f"({first_line(error)}); restart every process together"))
-        silent = [index for index, (_, since) in moved.items()
-                  if clock() - since > PEER_SILENT_S and not here.ended.is_set()]
-        if silent:
-            _end(PeerLost(f"{here.name} of {here.workers} lost process {silent[0]}: no beat "
-                          f"from it for {PEER_SILENT_S} s; restart every process together"))
+            _end(f"{here.name} of {here.workers} lost process 0, the coordinator "
+                 f"({first_line(error)}); restart every process together")
+        silent = [index for index, (_, since) in moved.items() if clock() - since > PEER_SILENT_S]
+        if silent and not here.ended.is_set():
+            _end(f"{here.name} of {here.workers} lost process {silent[0]}: no beat from it for "
+                 f"{PEER_SILENT_S} s; restart every process together")
         time.sleep(BEAT_S)
 
 
-def _beat_of(client, index):
-    """Process `index`'s last beat in the store; None before its first."""
-    try:
-        return client.key_value_try_get(f"pyimagesearch/beat/{index}")
-    except RuntimeError as error:
-        if "NOT_FOUND" in str(error):
-            return None
-        raise
-
-
-def _end(error):
-    """One line, then this process ends at once with `error`'s status (the others are gone)."""
-    try:
-        print(f"{_prog()}: error: {error}", file=sys.stderr, flush=True)
-    finally:
-        os._exit(error.exit_status)
-
-
-def _prog():
-    return os.path.basename(sys.argv[0]) or "train"
-
-
-def _client():
-    """JAX's coordination client, with its key-value store (private: jax._src.distributed)."""
-    try:
-        from jax._src.distributed import global_state
-
-        client = global_state.client
-        client.key_value_set, client.blocking_key_value_get  # noqa: B018
-    except (ImportError, AttributeError) as error:
-        raise UserError(f"jax {jax.__version__} lacks the coordination service's key-value "
-                        f"store ({error}), a private API that runs of several processes use; "
-                        "install jax 0.7.2") from error
-    return client
-
-
-def _store():
-    client = _client()
-    return KeyValueStore(client.key_value_set, client.blocking_key_value_get, (RuntimeError,))
-
-
-def check_workers_agree(cluster, facts, topic="run", timeout_s=AGREEMENT_TIMEOUT_S):
-    """Stop every process, with one line naming the difference, unless all run alike: as
-    TensorFlow's workers do (cluster.check_workers_agree), through JAX's key-value store."""
-    agree(cluster, facts, topic, timeout_s, _store())
-
-
-def shared_decision(cluster, topic, decide, timeout_s=AGREEMENT_TIMEOUT_S):
-    """`decide()`, taken once by process 0 and handed to every other (a JSON value)."""
-    return decided_once(cluster, topic, decide, timeout_s, _store())
-
-
-def peer_lost(cluster, error):
-    """The PeerLost line for a collective's error that names the coordination service; else None.
-
-    Most lost peers never get here: JAX's service ends the survivors itself
-    (join's filter); this is for a collective that fails first (gloo's
-    connection to a killed process).
-    """
-    text = str(error)
-    if not any(word in text for word in ("heartbeat", "Connection reset", "coordination",
-                                         "gloo", "Gloo")):
-        return None
-    return PeerLost(f"{cluster.name} of {cluster.workers} lost a peer and stopped "
-                    f"({type(error).__name__}: {first_line(error)})")
+def _end(line):
+    """A lost peer, from the watching thread: one line, status 138, at once."""
+    exits.say(line)
+    exits.leave(PeerLost.exit_status)
 
 
 def predict(model, strategy, images):
-    """`model`'s output for `images` on every process, as one NumPy array (`strategy`:
-    the run's DataParallel, whose devices compute it).
+    """`model`'s output for `images` on every process, as one NumPy array.
 
-    Keras' predict gives each process its share of a tf.data batch and
-    cannot turn the result into one array (it spans other processes'
-    devices), so here every device computes the whole, small batch from
-    replicated weights: its result is readable on every process.
+    Keras' predict would give each process its share of the batch and cannot
+    gather the result; here every device computes the whole, small batch from
+    replicated weights, so every process runs the same computation.
     """
-    mesh = strategy.device_mesh.backend_mesh
-    everywhere = NamedSharding(mesh, PartitionSpec())
+    everywhere = NamedSharding(strategy.device_mesh.backend_mesh, PartitionSpec())
     inputs = jax.make_array_from_process_local_data(everywhere, np.asarray(images))
 
     def forward(trainable, non_trainable, batch):

@@ -1,87 +1,59 @@
-"""TFRecords, the article's storage format: write shards, describe, verify and read them fast.
+"""TFRecords, the article's storage format: write shards, verify them, read them fast.
 
-A TFRecord folder (a local path or a bucket, gs://...; everything goes
-through `tf.io.gfile`, so tests use ram://) holds:
-
-    train-00000-of-00008.tfrecord ... train-00007-of-00008.tfrecord
-    test-00000-of-00008.tfrecord  ... test-00007-of-00008.tfrecord
-    metadata.json
-
-One `tf.train.Example` per image: its raw uint8 pixels (no PNG to decode
-again), its shape (height, width, channels) and its label. With GZIP the
-shards end in .tfrecord.gz. `metadata.json` gives the counts per split and
-per shard, the image shape, where the images came from and how the folder
-was made. Every file is written to a local scratch folder first, and the
-whole set then replaces the folder's old one (files.py): the
-folder holds the old TFRecords or the new ones, whatever stops the writer.
-
-This module knows the format and reads it: arrays and batches of uint8
-images out; `tfrecord_writer` writes it (tools/write_tfrecords.py).
-`pyimagesearch.data` makes it the "tfrecord" source.
+A TFRecord folder (local or gs://...) holds `train-00000-of-00008.tfrecord` ...
+(`.tfrecord.gz` with GZIP), the same for `test`, and `metadata.json`: counts
+per split and shard, sizes, SHA-256s, the image shape and where the images came
+from. One `tf.train.Example` per image: its raw uint8 pixels, shape and label.
+A new write leaves the shards it lists alone (its own take a time stamp in their
+names where an earlier write's hold the plain ones) and replaces the metadata
+last, in one rename: the folder holds the old TFRecords or the new ones, whatever
+stops the writer. Loaded for --data-source tfrecord and tools/write_tfrecords.py.
 """
 import dataclasses
+import datetime
 import hashlib
-import json
 import math
 import os
-import re
 
 import numpy as np
 import tensorflow as tf
 
-from pyimagesearch.errors import UserError, first_line
-from pyimagesearch.files import join
+from pyimagesearch import config
 from pyimagesearch.pipeline import finish, seeded_passes
-from pyimagesearch.terminal import native_stderr_quiet
+from pyimagesearch.errors import UserError, first_line
+from pyimagesearch.exits import watch
+from pyimagesearch.files import join, read_json, replace_file, write_json
 
-METADATA_NAME = "metadata.json"  # published with the shards: its presence means "finished"
-FORMAT = "pyimagesearch-tfrecords"
-FORMAT_VERSION = 1           # bump when the record layout changes
+METADATA_NAME = "metadata.json"
+FORMAT, FORMAT_VERSION = "pyimagesearch-tfrecords", 1
 COMPRESSIONS = {"none": "", "gzip": "GZIP"}  # flag value -> TFRecord compression type
 SUFFIXES = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}
-# ORIGINS: what write_tfrecords.py read. "stand-in" is prepare_mnist.py
-# --stand-in (the sample tiled to MNIST's size), never to pass for MNIST.
-ORIGINS = ("tfds", "stand-in", "sample")
-DEFAULT_SHARDS = 8           # per split: up to 8 workers can each read their own files
-FEATURES = {
-    "image": tf.io.FixedLenFeature([], tf.string),  # raw uint8 pixels, row-major (h, w, c)
-    "shape": tf.io.FixedLenFeature([3], tf.int64),  # height, width, channels
-    "label": tf.io.FixedLenFeature([], tf.int64),   # the digit
-}
-# Reading: as many shards at a time in parallel as this process has cores
-# (2 on the machine the README's numbers come from, 96 or more on a TPU VM
-# host reading a bucket). Taking 64 records from a shard before moving to
-# the next costs the interleave far less than one record per turn, and the
-# shuffle buffer behind it still mixes records of all the shards read.
-INTERLEAVE_CYCLE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-    os.cpu_count() or 2)
+ORIGINS = ("tfds", "stand-in", "sample")  # what write_tfrecords.py read
+DEFAULT_SHARDS = 8           # per split: up to 8 workers each read their own files
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),  # raw uint8 pixels (h, w, c)
+            "shape": tf.io.FixedLenFeature([3], tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+# shards read at once, one per core; 64 records from a shard before the next
+INTERLEAVE_CYCLE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
 INTERLEAVE_BLOCK = 64
-PARSE_CALLS = tf.data.AUTOTUNE  # batches parsed at once: one per core, as autotuning is off
-VERIFY_BATCH = 4096          # records parsed per step while verifying a shard
+_AGAIN = "run tools/write_tfrecords.py again"
 
-
-# --- names and checksums -----------------------------------------------------
 
 def shard_name(split, index, count, compression="none"):
     """`train-00003-of-00008.tfrecord`: the file name of shard `index` of `count`."""
     return f"{split}-{index:05d}-of-{count:05d}{SUFFIXES[compression]}"
 
 
-def file_sha256(path, chunk=1 << 22):
-    """The SHA-256 of a file's bytes, read through tf.io.gfile, as hex."""
+def file_sha256(path):
     digest = hashlib.sha256()
     with tf.io.gfile.GFile(path, "rb") as handle:
-        while True:
-            block = handle.read(chunk)
-            if not block:
-                return digest.hexdigest()
+        while block := handle.read(1 << 22):
             digest.update(block)
+    return digest.hexdigest()
 
-
-# --- metadata ----------------------------------------------------------------
 
 def read_metadata(folder):
-    """The folder's metadata, checked for what the reader needs; UserError naming the file."""
+    """The folder's metadata, checked for what the reader needs; one line naming what is wrong."""
     path = join(folder, METADATA_NAME)
     try:
         if not tf.io.gfile.isdir(folder):
@@ -90,41 +62,28 @@ def read_metadata(folder):
                             "(write one with tools/write_tfrecords.py)")
         if not tf.io.gfile.exists(path):
             shards = tf.io.gfile.glob(join(folder, "*-of-*.tfrecord*"))
-            raise UserError(
-                f"{path} is missing: " + (
-                    f"{folder} has {len(shards)} shard files but no metadata, an "
-                    "unfinished write; run tools/write_tfrecords.py again" if shards else
-                    f"{folder} holds no TFRecords; write them with tools/write_tfrecords.py"))
-        with tf.io.gfile.GFile(path, "r") as handle:
-            text = handle.read()
+            raise UserError(f"{path} is missing: " + (
+                f"{folder} has {len(shards)} shard files but no metadata, an unfinished "
+                f"write; {_AGAIN}" if shards else
+                f"{folder} holds no TFRecords; write them with tools/write_tfrecords.py"))
     except tf.errors.OpError as error:
         raise UserError(f"cannot read {path}: {first_line(error)}") from error
-    try:
-        metadata = json.loads(text)
-    except ValueError as error:
-        raise UserError(f"{path} is not valid JSON ({error}); run tools/write_tfrecords.py "
-                        "again") from error
-    _check_metadata(path, metadata)
-    return metadata
+    metadata = read_json(path, advice=_AGAIN)
 
-
-def _check_metadata(path, metadata):
-    """Raise a UserError naming `path` unless `metadata` has the layout this reader knows."""
     def fail(problem):
-        raise UserError(f"{path}: {problem}; run tools/write_tfrecords.py again")
+        raise UserError(f"{path}: {problem}; {_AGAIN}")
 
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         fail(f"not a {FORMAT} metadata file")
     if metadata.get("format_version") != FORMAT_VERSION:
-        fail(f"format version {metadata.get('format_version')!r}, this reader "
-             f"knows {FORMAT_VERSION}")
+        fail(f"format version {metadata.get('format_version')!r}, this reader knows "
+             f"{FORMAT_VERSION}")
     shape = metadata.get("image_shape")
-    if (not isinstance(shape, list) or len(shape) != 3
-            or not all(isinstance(side, int) and side > 0 for side in shape)):
+    if not (isinstance(shape, list) and len(shape) == 3
+            and all(isinstance(side, int) and side > 0 for side in shape)):
         fail(f"image_shape {shape!r} is not [height, width, channels]")
     if metadata.get("dtype") != "uint8" or metadata.get("compression") not in COMPRESSIONS:
-        fail("dtype must be uint8 and compression one of "
-             f"{', '.join(COMPRESSIONS)}")
+        fail(f"dtype must be uint8 and compression one of {', '.join(COMPRESSIONS)}")
     if metadata.get("source") not in ORIGINS:
         fail(f"source {metadata.get('source')!r} is not one of {', '.join(ORIGINS)}")
     splits = metadata.get("splits")
@@ -132,20 +91,15 @@ def _check_metadata(path, metadata):
         fail("no splits listed")
     for split, entry in splits.items():
         shards = entry.get("shards") if isinstance(entry, dict) else None
-        if not shards or not isinstance(shards, list) or not all(isinstance(shard, dict)
-                                 and isinstance(shard.get("file"), str)
-                                 and "/" not in shard["file"]
-                                 and isinstance(shard.get("records"), int)
-                                 and not isinstance(shard["records"], bool)
-                                 and shard["records"] >= 0
-                                 for shard in shards):
+        if not (isinstance(shards, list) and shards and all(
+                isinstance(shard, dict) and isinstance(shard.get("file"), str)
+                and "/" not in shard["file"] and type(shard.get("records")) is int
+                and shard["records"] >= 0 for shard in shards)):
             fail(f"split {split!r} lists no shards, or shards without file and records")
-        if not all(re.fullmatch(r"[0-9a-f]{64}", shard.get("sha256", "0" * 64) or "")
-                   for shard in shards):
-            fail(f"split {split!r} lists a shard whose sha256 is not 64 hex digits")
         if entry.get("images") != sum(shard["records"] for shard in shards):
-            fail(f"split {split!r} counts {entry.get('images')!r} images, its shards "
-                 f"add up to {sum(shard['records'] for shard in shards)}")
+            fail(f"split {split!r} counts {entry.get('images')!r} images, its shards add up "
+                 f"to {sum(shard['records'] for shard in shards)}")
+    return metadata
 
 
 def split_files(folder, metadata, split):
@@ -154,273 +108,149 @@ def split_files(folder, metadata, split):
         raise UserError(f"{join(folder, METADATA_NAME)} has splits "
                         f"{sorted(metadata['splits'])}, not {split!r}")
     shards = metadata["splits"][split]["shards"]
-    return ([join(folder, shard["file"]) for shard in shards],
-            [shard["records"] for shard in shards])
+    return [join(folder, shard["file"]) for shard in shards], [s["records"] for s in shards]
 
-
-def describe(folder, metadata):
-    """One sentence for the log and the run record: where, how many, from what, when."""
-    origins = {"tfds": "MNIST read through tfds",
-               "stand-in": "a stand-in made by tools/prepare_mnist.py --stand-in (the "
-                           "5,000-digit sample tiled to MNIST's size): for timing, "
-                           "not for quality",
-               "sample": "the 5,000-digit MNIST sample"}
-    counts = " and ".join(f"{entry['images']:,} {split} images in {len(entry['shards'])} "
-                          "shards" for split, entry in metadata["splits"].items())
-    made = metadata.get("made_by", {}).get("date", "an unknown date")
-    packing = "gzip-compressed" if metadata["compression"] == "gzip" else "uncompressed"
-    return (f"TFRecords in {folder} ({counts}, {packing}), "
-            f"written on {made} from {origins[metadata['source']]}")
-
-
-# --- verifying ---------------------------------------------------------------
 
 def _tf_message(error):
-    """TensorFlow's own words for a failed read, without its graph and op names."""
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", first_line(error))
-    return re.sub(r"\s*\[Op:.*$", "", text).strip() or type(error).__name__
+    """TensorFlow's own words for a failed read, without its op names."""
+    return first_line(error).split(" [Op:")[0].strip() or type(error).__name__
 
 
-def _parse_all(serialized):
-    """Every feature of a batch of serialized examples, plus each image's byte count."""
-    features = tf.io.parse_example(serialized, FEATURES)
-    features["bytes"] = tf.strings.length(features.pop("image"))
-    return features
-
-
-def verify(folder):
-    """Read every record of every shard once and check it against the metadata.
-
-    Catches a missing, truncated or corrupt shard (TFRecord's checksums), a
-    record with missing features or the wrong shape, counts that differ from
-    the metadata and, for a local shard, bytes that are not the ones written
-    (a shard swapped for another of the same size: its SHA-256): a UserError
-    naming the file, before any training starts. Returns the metadata. Cheap
-    at MNIST's size (47 MB).
-    """
-    metadata = read_metadata(folder)
-    shape = metadata["image_shape"]
-    compression = COMPRESSIONS[metadata["compression"]]
-    # TensorFlow logs a failed read on stderr too; our one line says it all
-    with native_stderr_quiet((UserError,)):
-        for split in metadata["splits"]:
-            paths, counts = split_files(folder, metadata, split)
-            for path, count, shard in zip(paths, counts, metadata["splits"][split]["shards"]):
-                verify_shard(path, count, shard.get("bytes"), shape, compression)
-                if shard.get("sha256") and "://" not in path:
-                    _check_sha256(path, shard["sha256"])
-    return metadata
-
-
-def _check_sha256(path, expected):
-    """A local shard's bytes are the ones written: another shard of the same size is not.
-
-    On a bucket this is left out (it would read every shard a second time
-    over the network); there the size, the record count and shape, and
-    TFRecord's own checksum of every record are checked.
-    """
-    if file_sha256(path) != expected:
-        raise UserError(f"{path} is not the shard {METADATA_NAME} lists (its SHA-256 "
-                        "differs): replaced or edited; run tools/write_tfrecords.py again")
-
-
-def verify_shard(path, count, size, shape, compression):
-    """Check one shard: its size, readable records, their count and their shapes."""
+def verify_shard(path, shard, shape, compression):
+    """One shard against its metadata: size, SHA-256 (local), readable records, count, shapes."""
     try:
         if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
             what = "is a folder" if tf.io.gfile.exists(path) else "is missing"
-            raise UserError(f"{path} {what} ({METADATA_NAME} lists it as a shard); "
-                            "run tools/write_tfrecords.py again")
-        actual = tf.io.gfile.stat(path).length
+            raise UserError(f"{path} {what} ({METADATA_NAME} lists it as a shard); {_AGAIN}")
+        size = tf.io.gfile.stat(path).length
     except tf.errors.OpError as error:
         raise UserError(f"cannot read {path}: {first_line(error)}") from error
-    if size is not None and actual != size:
-        raise UserError(f"{path} is {actual:,} bytes, {METADATA_NAME} says {size:,}: cut "
-                        "short or replaced; run tools/write_tfrecords.py again")
-    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+    if shard.get("bytes") is not None and size != shard["bytes"]:
+        raise UserError(f"{path} is {size:,} bytes, {METADATA_NAME} says "
+                        f"{shard['bytes']:,}: cut short or replaced; {_AGAIN}")
     records = 0
     try:
-        for features in dataset.batch(VERIFY_BATCH).map(_parse_all):
+        for serialized in tf.data.TFRecordDataset(path, compression).batch(4096):
+            features = tf.io.parse_example(serialized, FEATURES)
             shapes = features["shape"].numpy()
-            wrong = np.flatnonzero((shapes != shape).any(axis=1)
-                                   | (features["bytes"].numpy() != math.prod(shape)))
+            pixels = tf.strings.length(features["image"]).numpy()
+            wrong = np.flatnonzero((shapes != shape).any(axis=1) | (pixels != math.prod(shape)))
             if len(wrong):
                 first = int(wrong[0])
-                raise UserError(
-                    f"{path}: record {records + first:,} has shape "
-                    f"{tuple(int(s) for s in shapes[first])} and "
-                    f"{int(features['bytes'][first]):,} bytes of pixels, expected "
-                    f"{tuple(shape)} ({math.prod(shape):,} bytes); run "
-                    "tools/write_tfrecords.py again")
+                raise UserError(f"{path}: record {records + first:,} has shape "
+                                f"{tuple(int(s) for s in shapes[first])} and "
+                                f"{int(pixels[first]):,} bytes of pixels, expected "
+                                f"{tuple(shape)}; {_AGAIN}")
             records += len(shapes)
-    except tf.errors.OpError as error:
-        # DataLossError (a cut or a checksum mismatch) or a record that is
-        # not an Example with our features
+    except tf.errors.OpError as error:  # a cut, a checksum, a record that is no Example
         raise UserError(f"{path} is truncated or corrupt at or after record {records:,} "
-                        f"({_tf_message(error)}); run tools/write_tfrecords.py again") from error
-    if records != count:
+                        f"({_tf_message(error)}); {_AGAIN}") from error
+    if records != shard["records"]:
         raise UserError(f"{path} holds {records:,} records, {METADATA_NAME} says "
-                        f"{count:,}; run tools/write_tfrecords.py again")
+                        f"{shard['records']:,}; {_AGAIN}")
+    # on a bucket this would read every shard twice: there the checksums of TFRecord serve
+    if shard.get("sha256") and "://" not in path and file_sha256(path) != shard["sha256"]:
+        raise UserError(f"{path} is not the shard {METADATA_NAME} lists (its SHA-256 "
+                        f"differs): replaced or edited; {_AGAIN}")
 
 
-# --- reading -----------------------------------------------------------------
+def verify_folder(folder, data_name=config.DATA_NAME):
+    """(metadata, what the folder holds in words) of a TFRecord folder, every shard read once."""
+    if folder is None:
+        raise UserError("--data-source tfrecord needs --data-dir: the folder "
+                        "tools/write_tfrecords.py wrote (local or gs://...)")
+    metadata = read_metadata(folder)
+    where = join(folder, METADATA_NAME)
+    if metadata.get("dataset") != data_name:
+        raise UserError(f"{where} describes {metadata.get('dataset')!r}, not {data_name!r}")
+    if tuple(metadata["image_shape"]) != config.IMAGE_SHAPE:
+        raise UserError(f"{where}: images of shape {tuple(metadata['image_shape'])}, the "
+                        f"autoencoder takes {config.IMAGE_SHAPE}")
+    for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG):
+        paths, _ = split_files(folder, metadata, split)
+        for path, shard in zip(paths, metadata["splits"][split]["shards"]):
+            verify_shard(path, shard, metadata["image_shape"],
+                         COMPRESSIONS[metadata["compression"]])
+    counts = " and ".join(f"{entry['images']:,} {split} images in {len(entry['shards'])} shards"
+                          for split, entry in metadata["splits"].items())
+    origin = {"tfds": "MNIST read through tfds", "sample": "the 5,000-digit MNIST sample",
+              "stand-in": "a stand-in made by tools/prepare_mnist.py --stand-in (the sample "
+                          "tiled to MNIST's size): for timing, not for quality"}
+    reason = (f"TFRecords in {folder} ({counts}, "
+              f"{'gzip-compressed' if metadata['compression'] == 'gzip' else 'uncompressed'}), "
+              f"written on {metadata.get('made_by', {}).get('date', 'an unknown date')} from "
+              f"{origin[metadata['source']]}")
+    return metadata, reason
 
-def read_split(folder, split, metadata=None):
-    """A whole split in shard order: (uint8 images (N, h, w, c), int64 labels).
 
-    `metadata` is the folder's, when the caller has read it already.
-    """
-    metadata = metadata or read_metadata(folder)
+def read_split(folder, split, metadata):
+    """A whole split in shard order: (uint8 images (N, h, w, c), int64 labels)."""
     paths, _ = split_files(folder, metadata, split)
-    dataset = tf.data.TFRecordDataset(paths,
-                                      compression_type=COMPRESSIONS[metadata["compression"]])
+    dataset = tf.data.TFRecordDataset(paths, COMPRESSIONS[metadata["compression"]])
     images, labels = [], []
     try:
-        with native_stderr_quiet((UserError,)):
-            for features in dataset.batch(10_000).map(
-                    lambda s: tf.io.parse_example(s, FEATURES)):
-                pixels = tf.io.decode_raw(features["image"], tf.uint8)
-                images.append(tf.reshape(pixels, [-1, *metadata["image_shape"]]).numpy())
-                labels.append(features["label"].numpy())
+        for serialized in dataset.batch(10_000):
+            features = tf.io.parse_example(serialized, FEATURES)
+            pixels = tf.io.decode_raw(features["image"], tf.uint8)
+            images.append(tf.reshape(pixels, [-1, *metadata["image_shape"]]).numpy())
+            labels.append(features["label"].numpy())
     except tf.errors.OpError as error:
-        raise UserError(f"cannot read {split} from {folder}: {_tf_message(error)} "
-                        "(python tools/write_tfrecords.py can write it again)") from error
+        raise UserError(f"cannot read {split} from {folder}: {_tf_message(error)}; "
+                        f"{_AGAIN}") from error
     return np.concatenate(images), np.concatenate(labels)
 
 
-def image_decoder(shape):
-    """A function: batch of serialized examples -> uint8 images (batch, *shape), parsed at once."""
-    def decode(serialized):
-        features = tf.io.parse_example(serialized, {"image": FEATURES["image"]})
-        pixels = tf.io.decode_raw(features["image"], tf.uint8)
-        # full batches keep a static batch size (a TPU needs one)
-        batch = serialized.shape[0]
-        return tf.reshape(pixels, [batch if batch is not None else -1, *shape])
+def pipeline(folder, metadata, split, reading, input_context=None):
+    """data.make_pipeline's batches, read from the shards.
 
-    return decode
-
-
-def pass_size(folder, metadata, split, shard=None):
-    """How many records one pass over `split` reads; `shard` as in `record_batches`."""
-    _, counts = split_files(folder, metadata, split)
-    if shard is None:
-        return sum(counts)
-    pipelines, index = shard
-    if splits_by_file(len(counts), pipelines):
-        return sum(counts[index::pipelines])  # its own shard files
-    return len(range(index, sum(counts), pipelines))  # every pipelines-th record
-
-
-def splits_by_file(files, pipelines):
-    """Whether `pipelines` readers can each take whole files and get equal shares.
-
-    8 shards over 3 workers would give them 3, 3 and 2 files (22,500, 22,500
-    and 15,000 of 60,000 images), so the third worker's images would be seen
-    1.5 times as often: an uneven division splits by record instead.
+    Every pass (an epoch's worth of records) reads the shards in a new seeded
+    order, `INTERLEAVE_CYCLE` at once, and shuffles the records in the
+    reading's buffer. Under a cluster's input pipelines (`reading.by_pipeline`)
+    each worker reads its share of the training data, whole files where they
+    divide evenly between the workers, else every N-th record, and batches its
+    part of the global batch; validation is the same stream on every worker.
     """
-    return files % pipelines == 0
-
-
-def _pipeline_files(paths, shard):
-    """(the shard files this pipeline reads, the (pipelines, index) of records it keeps or None)."""
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    if shard is not None and splits_by_file(len(paths), shard[0]):
-        return files.shard(*shard), None  # by file: each pipeline reads its own shards
-    # by data (a shard given): each pipeline reads every record and keeps its
-    # share, which needs the same record order in every pipeline
-    return files, shard
-
-
-def _passes_seed(seed, by_data):
-    """The seed the passes' own seeds derive from: `seed`, else a fixed or a drawn one."""
-    if seed is not None:
-        return seed
-    # every pipeline splitting by data must read the same order: a fixed
-    # seed. Otherwise one drawn here, since an unseeded shuffle inside
-    # flat_map is traced once and could repeat one order every pass.
-    return 0 if by_data is not None else int(np.random.randint(2**31 - 1))
-
-
-def record_batches(folder, metadata, split, reading, keep=None, shard=None):
-    """Batches of serialized records of `split`, read the way a training run wants them.
-
-    `reading` (a `data.Reading`) gives the batch size, shuffle buffer, seed,
-    repeat and drop_remainder. With a shuffle buffer, every pass over the
-    data (an epoch's worth of records) reads the shards in a new order,
-    `INTERLEAVE_CYCLE` of them at once in parallel, and shuffles the records
-    in the buffer; without one the split is read in order. Each pass has its
-    own seed derived from the reading's, so every new iterator (Keras opens
-    one to build the model, every worker of a cluster opens its own) reads
-    the same sequence of passes. `keep` cuts each pass to that many records,
-    before the shuffle. `shard` = (pipelines, index) makes this one of
-    several input pipelines: it reads every pipelines-th shard file when
-    there are at least as many files as pipelines, else every pipelines-th
-    record (see `pass_size`).
-    """
-    paths, _ = split_files(folder, metadata, split)
+    paths, counts = split_files(folder, metadata, split)
     compression = COMPRESSIONS[metadata["compression"]]
-    files, by_data = _pipeline_files(paths, shard)
-    shuffle_size = reading.shuffle_size
-    # parallel reads in a fixed order only where the order matters
-    deterministic = reading.seed is not None or by_data is not None
-    seed = _passes_seed(reading.seed, by_data)
-    cut = keep is not None and keep < pass_size(folder, metadata, split, shard)
+    files, keep = tf.data.Dataset.from_tensor_slices(paths), sum(counts)
+    by_data, shared = None, input_context is not None and reading.by_pipeline
+    if shared:
+        pipelines, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+        if len(paths) % pipelines == 0:  # 8 files over 3 workers would be 3, 3 and 2
+            files, keep = files.shard(pipelines, index), sum(counts[index::pipelines])
+        else:
+            by_data, keep = (pipelines, index), len(range(index, keep, pipelines))
+        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
+    if reading.images is not None:
+        keep = min(keep, reading.images)
+    # workers splitting by record must read one order: a seed, fixed if none is given
+    seed = reading.seed if reading.seed is not None else (
+        0 if by_data else int(np.random.randint(2**31 - 1)))
     cycle = min(INTERLEAVE_CYCLE, len(paths))
 
-    def read(path):
-        return tf.data.TFRecordDataset(path, compression_type=compression)
-
     def one_pass(k):
-        """The records of pass `k` over the split."""
-        # two seeds per pass (shard order, then records), none shared with another pass
-        pass_seed = seed * 1_000_003 + k * 2
-        if shuffle_size:
-            # the metadata names the shards: a list of them rather than a
-            # glob (list_files), so no stray file in the folder is ever read
-            order = files.shuffle(len(paths), seed=pass_seed, reshuffle_each_iteration=False)
-            records = order.interleave(read, cycle_length=cycle,
-                                       block_length=INTERLEAVE_BLOCK,
-                                       num_parallel_calls=cycle,
-                                       deterministic=deterministic)
+        pass_seed = seed * 1_000_003 + k * 2  # two seeds a pass: shard order, records
+        if reading.shuffle_size:
+            records = files.shuffle(len(paths), seed=pass_seed, reshuffle_each_iteration=False)
+            records = records.interleave(
+                lambda path: tf.data.TFRecordDataset(path, compression), cycle_length=cycle,
+                block_length=INTERLEAVE_BLOCK, num_parallel_calls=cycle,
+                deterministic=reading.seed is not None or by_data is not None)
         else:
-            records = files.flat_map(read)  # in order: the split as it was written
-        if by_data is not None:
+            records = files.flat_map(lambda path: tf.data.TFRecordDataset(path, compression))
+        if by_data:
             records = records.shard(*by_data)
-        if cut:
-            records = records.take(keep)
-        if shuffle_size:
-            records = records.shuffle(shuffle_size, seed=pass_seed + 1,
+        records = records.take(keep)
+        if reading.shuffle_size:
+            records = records.shuffle(reading.shuffle_size, seed=pass_seed + 1,
                                       reshuffle_each_iteration=False)
         return records
 
-    return seeded_passes(one_pass, seed, reading.repeat).batch(
+    dataset = seeded_passes(one_pass, seed, reading.repeat).batch(
         reading.batch_size, drop_remainder=reading.drop_remainder)
-
-
-def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
-    """`make_pipeline`'s batches, read from the TFRecord folder `folder`.
-
-    Every input pipeline of a multi-worker run reads the same stream for
-    evaluation (no shuffle) and keeps its replicas' slices, as
-    `make_pipeline` does, so all workers run the same number of validation
-    steps over exactly the images counted. Training data is split between
-    the pipelines instead (by shard file, or by record when there are fewer
-    files than pipelines): each reads only its share and batches its part of
-    the global batch (batch / pipelines), cut into its local replicas' slices.
-    """
-    shard = None
-    if input_context is not None and reading.shuffle_size:
-        pipelines = input_context.num_input_pipelines
-        shard = (pipelines, input_context.input_pipeline_id)
-        reading = dataclasses.replace(reading, batch_size=reading.batch_size // pipelines)
-    keep = pass_size(folder, metadata, split, shard)
-    if reading.images is not None:
-        keep = min(keep, reading.images)
-    dataset = record_batches(folder, metadata, split, reading, keep, shard)
     if reading.skip:
-        dataset = dataset.skip(reading.skip)  # this pipeline's share of each global batch
-    # the batch count, which reading shards hides: Keras needs it to stop at
-    # the end of the data, not in the middle of an execution of several steps
+        dataset = dataset.skip(reading.skip)
+    # the batch count, which the reading hides: Keras needs it to stop at the data's end
     count = None
     if not reading.repeat:
         full, rest = divmod(keep, reading.batch_size)
@@ -430,15 +260,81 @@ def tfrecord_pipeline(folder, metadata, split, reading, input_context=None):
         count = reading.batches if count is None else min(reading.batches, count)
     if count is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
-    dataset = finish(dataset, input_context, local_batches=shard is not None,
-                      decode=image_decoder(metadata["image_shape"]),
-                      decode_calls=PARSE_CALLS)
-    if input_context is None:
-        # a strategy over several hosts (a TPU slice) splits it between them
-        return dataset
-    # this pipeline splits itself between the workers; a strategy's auto-shard
-    # rewrite would only drop the batch count, with a warning
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF)
-    return dataset.with_options(options)
+    shape = metadata["image_shape"]
+
+    def decode(serialized):
+        pixels = tf.io.decode_raw(tf.io.parse_example(serialized, {"image": FEATURES["image"]})
+                                  ["image"], tf.uint8)
+        batch = serialized.shape[0]  # full batches keep a static size (a TPU needs one)
+        return tf.reshape(pixels, [batch if batch is not None else -1, *shape])
+
+    return finish(dataset, input_context, local_batches=shared, decode=decode,
+                  decode_calls=tf.data.AUTOTUNE)
+
+
+def serialize(image, label):
+    """One uint8 image (h, w, c) and its label as a serialized tf.train.Example."""
+    feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+               "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=list(image.shape))),
+               "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_folder(folder, splits, origin, origin_reason, command, shards=DEFAULT_SHARDS,
+                 compression="none", overwrite=False):
+    """Write `splits` ({split: (uint8 images, labels)}) as a TFRecord folder; its metadata.
+
+    Each split gets `shards` files (fewer for fewer images), contiguous runs of
+    the split in order. The metadata that names them replaces the earlier one
+    last; the earlier write's shards go after it.
+    """
+    metadata_path = join(folder, METADATA_NAME)
+    if tf.io.gfile.exists(metadata_path) and not overwrite:
+        raise UserError(f"{folder} already holds TFRecords ({metadata_path}); pass "
+                        "--overwrite to replace them, or pick another --output-dir")
+    if any(len(images) == 0 for images, _ in splits.values()):
+        raise UserError("a split is empty: nothing to write")
+    tf.io.gfile.makedirs(folder)
+    taken = {path.rsplit("/", 1)[-1] for path in tf.io.gfile.glob(join(folder, "*"))}
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    listing = {}
+    for split, (images, labels) in splits.items():
+        parts = np.array_split(np.arange(len(images)), min(shards, len(images)))
+        names = [shard_name(split, index, len(parts), compression)
+                 for index in range(len(parts))]
+        if taken & set(names):  # an earlier write's, which stay until the metadata is new
+            names = [name.replace(".tfrecord", f".{stamp}.tfrecord") for name in names]
+        listing[split] = {"images": int(len(images)), "shards": [
+            _write_shard(join(folder, name), [serialize(images[i], labels[i]) for i in part],
+                         compression) for name, part in zip(names, parts)]}
+    metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "dataset": config.DATA_NAME,
+                "source": origin, "source_reason": origin_reason,
+                "image_shape": [int(side) for side in next(iter(splits.values()))[0].shape[1:]],
+                "dtype": "uint8", "compression": compression, "splits": listing,
+                "made_by": {"command": command, "tensorflow_version": tf.__version__,
+                            "date": datetime.datetime.now(datetime.timezone.utc)
+                            .isoformat(timespec="seconds")}}
+    interrupts = watch()
+    with interrupts.held():  # the new metadata, then the earlier shards gone: not cut in two
+        write_json(metadata_path, metadata, what=f"{folder} holds its earlier TFRecords")
+        kept = {shard["file"] for entry in listing.values() for shard in entry["shards"]}
+        for path in tf.io.gfile.glob(join(folder, "*-?????-of-?????*.tfrecord*")):
+            if path.rsplit("/", 1)[-1] not in kept:
+                tf.io.gfile.remove(path)
+        interrupts.ended = f"the new TFRecords in {folder} are whole"
+    return metadata
+
+
+def _write_shard(path, records, compression):
+    """Write one shard whole; its entry in the metadata."""
+    def write(local):
+        options = tf.io.TFRecordOptions(compression_type=COMPRESSIONS[compression])
+        with tf.io.TFRecordWriter(local, options) as writer:
+            for record in records:
+                writer.write(record)
+        entry.update(bytes=os.path.getsize(local), sha256=file_sha256(local))
+
+    entry = {"file": path.rsplit("/", 1)[-1], "records": len(records)}
+    replace_file(path, write, what=f"{path.rsplit('/', 1)[0]} holds its earlier TFRecords")
+    return entry
+

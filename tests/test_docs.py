@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUOTED = REPO / "outputs" / "quoted"
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
-MAX_README_LINES = 300
+MAX_README_LINES = 220
 # the article's sections, in its order; the README's own sections go between them
 ARTICLE_ORDER = ["Configuring your environment", "Project structure", "Hardware",
                  "Distribute the training", "Data", "Losses", "A tale of comparison",
@@ -158,9 +158,11 @@ QUOTES = [
     Quote("README.md", "Its later epochs took about {later} s there",
           {"later": Figure(QUICK_START_RECORD, ("epoch_seconds",), "{:.0f}",
                            "mean_after_first")}),
-    Quote("docs/machine.md", "later epochs took about {later} s on the AMD machine",
-          {"later": Figure(QUICK_START_RECORD, ("epoch_seconds",), "{:.0f}",
-                           "mean_after_first")}),
+    Quote("docs/machine.md", "took {table1} s on the Intel machine on 2026-12-02 ([Table 1's "
+          "`cpu`](../outputs/quoted/cpu.json)) and about {later} s on 2026-12-06", {
+              "table1": Figure("cpu.json", ("epoch_seconds",), "{:.1f}", "mean_after_first"),
+              "later": Figure(QUICK_START_RECORD, ("epoch_seconds",), "{:.0f}",
+                              "mean_after_first")}),
     Quote("README.md", "gave a naive {naive} s and a measured median of {median} s",
           {"naive": Figure(MATMUL, ("naive_seconds",), "{:.2f}"),
            "median": Figure(MATMUL, ("seconds", "median"), "{:.3f}")}),
@@ -171,13 +173,28 @@ QUOTES = [
     Quote("docs/tpus.md", "The JAX epochs took {jax} s after the first, TensorFlow's {tf} s",
           {"jax": Figure(JAX_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first"),
            "tf": Figure(JAX_TF_REHEARSAL, ("epoch_seconds",), "{:.1f}", "mean_after_first")}),
+    Quote("README.md", "on 8 JAX CPU devices its SGD step is {ratio} times the one-device step",
+          {"ratio": Figure("listings/jax_loss_step.json", ("steps", "8:1", "ratio"), "{:.3f}")}),
     Quote("README.md", "The op moves {gb} GB for {gflop} GFLOP",
           {"gb": _giga(MATMUL, "bytes_moved"), "gflop": _giga(MATMUL, "flops")}),
-    Quote("README.md", "an estimated {colab} s on Colab's free CPU, [its run on one core here, "
-          "scaled](docs/notebook.md#how-long-the-first-run-all-takes) by the article's {cpu} s "
-          "CPU epoch", {
-              "colab": Figure(NOTEBOOK_TIME, ("colab_free_cpu_estimate_seconds",), "{:.0f}"),
-              "cpu": Figure(NOTEBOOK_TIME, ("article_cpu_epoch_seconds",))}),
+    Quote("docs/notebook.md", "the notebook took {total} s there: the matmul {matmul} s, "
+          "`train_cpu.py` {cpu} s, the TPU's rehearsal {tpu} s, TensorBoard {board} s and "
+          "`compare.py` {compare} s. With an article-style epoch of {epoch} s, that comes to "
+          "about {colab} s on Colab's free CPU", {
+              "total": Figure(NOTEBOOK_TIME, ("notebook_seconds",), "{:.0f}"),
+              **{name: Figure(NOTEBOOK_TIME, ("cells", cell), "{:.0f}") for name, cell in (
+                  ("matmul", "matmul-run"), ("cpu", "train-cpu"), ("tpu", "train-tpu"),
+                  ("board", "tensorboard"), ("compare", "compare"))},
+              "epoch": Computed(NOTEBOOK_TIME, lambda r: statistics.mean(
+                  r["article_style_epoch_seconds"]), "{:.0f}"),
+              "colab": Figure(NOTEBOOK_TIME, ("colab_free_cpu_estimate_seconds",), "{:.0f}")}),
+    Quote("docs/notebook.md", "came to {one} s and {two} s", {
+        "one": Figure("notebook/first_run_normal_operands_1.json",
+                      ("colab_free_cpu_estimate_seconds",), "{:.0f}"),
+        "two": Figure("notebook/first_run_normal_operands_2.json",
+                      ("colab_free_cpu_estimate_seconds",), "{:.0f}")}),
+    Quote("README.md", "about {colab} s on Colab's free CPU", {
+        "colab": Figure(NOTEBOOK_TIME, ("colab_free_cpu_estimate_seconds",), "{:.0f}")}),
 ]
 
 
@@ -266,15 +283,18 @@ def _listing_quotes(record):
                   "legacy": _listing(record, "MSELoss_scale_1_update_on_2_replicas_tf_keras",
                                      r"is ([\d.]+) times")}),
         Quote("README.md", "offline | {line} |", {"line": _listing(record, "tfds_load_try_gcs")}),
-        Quote("README.md", "prints {two} times the true mean squared error on 2 replicas and "
-              "{eight} times on 8", {
+        Quote("README.md", "Keras prints {two} times the true error on 2 replicas and {eight} "
+              "times on 8", {
                   "two": _listing(record, "MSELoss_printed_loss_on_2_replicas",
                                   r"scale=1\) is ([\d.]+) times"),
                   "eight": _listing(record, "MSELoss_printed_loss_on_8_replicas",
                                     r"scale=1\) is ([\d.]+) times")}),
-        Quote("README.md", "`MSELoss(scale=N)` prints it {true} times", {
+        Quote("README.md", "`MSELoss(scale=numAcc)`, which prints it {true} times", {
             "true": _listing(record, "MSELoss_printed_loss_on_8_replicas",
                              r"prints ([\d.]+) times the true")}),
+        Quote("README.md", "on 2 replicas takes SGD steps {keras3} times too long", {
+            "keras3": _listing(record, "MSELoss_scale_1_update_on_2_replicas",
+                               r"is ([\d.]+) times")}),
         Quote("docs/distributed-training.md", "with `tf_keras` the article's `scale=1` printed "
               "{legacy} times `scale=2`'s, which was {half} times the true error", {
                   "legacy": _listing(record, "MSELoss_printed_loss_on_2_replicas_tf_keras",
@@ -349,6 +369,16 @@ QUOTES += [
     Quote("docs/hardware-and-benchmarks.md", "ratios spread from {lowest}x to {highest}x", {
         "lowest": Computed(FLOOR, lambda r: min(r["epoch_to_floor"]), "{:.2f}"),
         "highest": Computed(FLOOR, lambda r: max(r["epoch_to_floor"]), "{:.2f}")}),
+    Quote("docs/hardware-and-benchmarks.md", "epoch to floor {before}x before and {after}x "
+          "after (medians), epochs of {b} s and {a} s", {
+              "before": Figure("benchmarks/rewrite/floor_before.json",
+                               ("median_epoch_to_floor",), "{:.2f}"),
+              "after": Figure("benchmarks/rewrite/floor_after.json",
+                              ("median_epoch_to_floor",), "{:.2f}"),
+              "b": Figure("benchmarks/rewrite/floor_before.json",
+                          ("median_seconds", "train_cpu.py epoch"), "{:.2f}"),
+              "a": Figure("benchmarks/rewrite/floor_after.json",
+                          ("median_seconds", "train_cpu.py epoch"), "{:.2f}")}),
     # docs/data-and-tfrecords.md
     _pipeline_row("| article-style: `tfds.load`, per-image `map`, shuffle, batch", "article_style"),
     _pipeline_row("| TFRecords (`--data-source tfrecord`)", "tfrecord"),
@@ -363,11 +393,11 @@ QUOTES += [
     # docs/machine.md
     Quote("docs/machine.md", "| CPU (`/proc/cpuinfo` model name) | `{amd}` | `{intel}` (family "
           "{family}, model {model};", {
-              "amd": Figure("quick_start/cpu.json", ("machine", "cpu_model")),
+              "amd": Figure(FLOOR, ("machine", "cpu_model")),
               "intel": Figure(INTEL, ("cpu_model",)),
               "family": Figure(INTEL, ("cpu_family",)), "model": Figure(INTEL, ("model",))}),
     Quote("docs/machine.md", "| CPUs usable | {amd} | {intel} ({cores} cores, {ghz} GHz", {
-        "amd": Figure("quick_start/cpu.json", ("machine", "cpu_count")),
+        "amd": Figure(FLOOR, ("machine", "cpu_count")),
         "intel": Figure(INTEL, ("vcpus_usable",)), "cores": Figure(INTEL, ("cores",)),
         "ghz": Computed(INTEL, lambda r: r["cpu_mhz_reported"] / 1000, "{:.1f}")}),
     Quote("docs/machine.md", "| memory | not recorded | {gib} GiB |",
@@ -529,6 +559,40 @@ def headings(text, level):
 def test_readme_is_short():
     lines = README.read_text().count("\n")
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines"
+
+
+def _prose_sentences(text):
+    """The README's sentences outside code blocks, tables and headings."""
+    paragraphs, in_code = [[]], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif in_code or line.startswith(("|", "#", "!", "<")) or not line.strip():
+            paragraphs.append([])
+        else:
+            if line.startswith("- "):  # a list item starts a sentence of its own
+                paragraphs.append([])
+            paragraphs[-1].append(line)
+    sentences = []
+    for paragraph in paragraphs:
+        flat = re.sub(r"`[^`]*`", "CODE", re.sub(r"\]\([^)]*\)", "]", " ".join(paragraph)))
+        sentences += [sentence for sentence in re.split(r"(?<=[.!?:;])\s+", flat)
+                      if sentence.strip()]
+    return sentences
+
+
+def test_readme_reads_in_one_sitting():
+    text = README.read_text()
+    long = [sentence for sentence in _prose_sentences(text) if len(sentence.split()) > 40]
+    assert long == []
+    cells = [cell.strip() for line in text.splitlines() if line.startswith("|")
+             for cell in line.strip("|").split("|")]
+    assert [cell for cell in cells if len(cell) > 200] == []
+
+
+def test_the_sentence_check_catches_a_long_one():
+    text = "One two.\n\n- " + "word " * 40 + "end.\n| a cell. |\n"
+    assert [len(sentence.split()) for sentence in _prose_sentences(text)] == [2, 42]
 
 
 def test_readme_follows_the_article():

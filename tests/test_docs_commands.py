@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_docs import README, REPO, _flat, documents, headings, table_rows
+from test_docs import README, REPO, _flat, documents, headings
 
 TOOLS = sorted(path.name for path in (REPO / "tools").glob("*.py"))
 HELP_TIMEOUT_SECONDS = 180  # importing TensorFlow on a busy 2-core machine
@@ -22,12 +22,13 @@ HELP_TIMEOUT_SECONDS = 180  # importing TensorFlow on a busy 2-core machine
 
 SCRIPT = re.compile(r"python3? ((?:[\w.-]+/)*[\w.-]+\.py)")
 AFTER_DASHES = re.compile(r" -- ((?:[\w.-]+/)*[\w.-]+\.py)")  # launch_workers' script
+NAMED = re.compile(r"(?<![\w/.])((?:tests|tools|pyimagesearch)/[\w/.-]*?\w\.py)\b")  # any file
 
 
 def test_every_documented_command_names_a_file_that_exists():
     missing = []
     for name, text in documents().items():
-        for pattern in (SCRIPT, AFTER_DASHES):
+        for pattern in (SCRIPT, AFTER_DASHES, NAMED):
             for script in pattern.findall(text):
                 if not (REPO / script).is_file():
                     missing.append(f"{name}: {script}")
@@ -97,7 +98,7 @@ def readme_commands(text):
         for part in re.split(r"&&|;", piece):
             if not COMMAND.match(part):
                 continue
-            words = shlex.split(part)
+            words = shlex.split(part, comments=True)
             while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
                 words = words[1:]
             if len(words) > 1 and words[0] in ("python", "python3") and \
@@ -166,8 +167,7 @@ def test_every_readme_command_parses_as_written(monkeypatch):
     scripts = {script for script, _ in commands}
     # the tools and scripts a reader is told to run, each at least once
     assert {"train_cpu.py", "train_gpu.py", "train_tpu.py", "compare.py",
-            "tools/check_listings.py", "tools/jax_loss_step.py",
-            "tools/benchmark_pipeline.py"} <= scripts, scripts
+            "tools/check_listings.py", "tools/matmul_benchmark.py"} <= scripts, scripts
     problems = [parse_problem(script, args, monkeypatch) for script, args in commands]
     assert [problem for problem in problems if problem] == []
 
@@ -222,67 +222,3 @@ def test_every_relative_link_resolves():
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
                 broken.append(f"{name}: {target} (no such heading)")
     assert broken == []
-
-
-# --- the README's map of the article's listing onto train_tpu.py ---------------------
-
-# the article's lines as the README's table names them -> what this train_tpu.py's
-# lines, as the same row names them, must hold
-# what the lines this repository's file holds must contain, for each range
-# of the article's listings that the README's map names
-LISTING_STEPS = {
-    ("autoencoder.py", "2-6"): ["import keras", "from keras import layers"],
-    ("autoencoder.py", "12-17"): ["self.encoder", "Conv2D(16", "Conv2D(8"],
-    ("autoencoder.py", "20-26"): ["self.decoder", "Conv2DTranspose(8", "Conv2DTranspose(16",
-                                  "Conv2D(1"],
-    ("autoencoder.py", "28-35"): ["def call(", "self.decoder(self.encoder(x))"],
-    ("loss.py", "2-4"): ["import keras", "from keras import ops"],
-    ("loss.py", "6-22"): ["class MSELoss", "self.scale = scale", "def __call__",
-                          "1.0 / self.scale"],
-    # the whole listing: its steps in the lines the row names (tests/test_listing.py
-    # holds the script to it statement by statement)
-    ("train_tpu.py", "5-82"): ["import tensorflow as tf", "set_random_seed(config.SEED)",
-                               "TPUStrategy(", "numAcc = strategy.num_replicas_in_sync",
-                               "batchSize=config.TPU_BATCH_SIZE",
-                               'MSELoss(scale=1 if keras.backend.backend() == "jax" else numAcc)',
-                               "optimizer=config.OPTIMIZER", "epochs=config.EPOCHS",
-                               "steps_per_epoch=config.TPU_STEPS_PER_EPOCH", ".predict(",
-                               "Input Image", "Predicted Image", ".savefig("],
-}
-HOME = {"autoencoder.py": "pyimagesearch/autoencoder.py", "loss.py": "pyimagesearch/loss.py",
-        "train_tpu.py": "train_tpu.py"}
-
-
-def _script_lines(cell, name="train_tpu.py"):
-    """The lines of a file that a README cell names ("line 18, and lines 23-24")."""
-    script = (REPO / name).read_text().splitlines()
-    picked = []
-    for first, last in re.findall(r"lines? (\d+)(?:-(\d+))?", cell):
-        picked += script[int(first) - 1:int(last or first)]
-    return "\n".join(picked)
-
-
-def test_the_readme_maps_each_step_of_the_listing_to_the_lines_that_run_it():
-    section = README.read_text().split("## A tale of comparison", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for row in table_rows(section):
-        match = re.match(r"\| `(\w+\.py)` (\d+-\d+): .*? \| (.*) \|$", row)
-        if match:
-            rows[match[1], match[2]] = match[3]
-    assert set(rows) == set(LISTING_STEPS)
-    for (article, lines), steps in LISTING_STEPS.items():
-        held = _script_lines(rows[article, lines], HOME[article])
-        missing = [step for step in steps if step not in held]
-        assert missing == [], f"{article} {lines}: {rows[article, lines]!r} does not hold {missing}"
-        # the first row of each file names it
-    for article, home in HOME.items():
-        first = next(cell for (name, _), cell in rows.items() if name == article)
-        assert first.startswith(f"`{home}` line"), first
-    # the listings table points into the script too
-    readme = _flat(README.read_text())
-    scale = 'MSELoss(scale=1 if keras.backend.backend() == "jax" else numAcc)'
-    assert f"`{scale}`, `train_tpu.py` line 83" in readme
-    assert scale in _script_lines("line 83")
-    assert "(`train_tpu.py` lines 107-133)" in readme
-    assert ".predict(" in _script_lines("lines 107-133") and "imshow" in _script_lines(
-        "lines 107-133")

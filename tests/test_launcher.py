@@ -9,6 +9,7 @@ count out of range, a folder or a missing script) is one line and exit status 2.
 import fcntl
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import termios
 import time
 
 import pytest
+
+from conftest import one_line, run
 
 # a stand-in worker: says it is ready, then prints a line every 50 ms for
 # `lines` lines (for ever when 0), then leaves a file saying it finished. As
@@ -40,21 +43,21 @@ def _launcher(tmp_path, lines=0):
             sys.executable, "-c", STAND_IN, str(lines), str(tmp_path)]
 
 
-def _gone(pid):
-    """True once `pid` has ended (a zombie that nobody reaps has ended too)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
 def _wait_gone(pids, bound=60):
-    """Wait (at most `bound` seconds) until every pid has ended; those still running."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline and not all(_gone(pid) for pid in pids):
-        time.sleep(0.1)
-    return [pid for pid in pids if not _gone(pid)]
+    """Wait (at most `bound` seconds in all) until every pid has ended; those still running.
+
+    A pidfd becomes readable when its process ends, zombie or reaped: no polling.
+    """
+    deadline, running = time.monotonic() + bound, []
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        ended, _, _ = select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+        os.close(handle)
+        running += [] if ended else [pid]
+    return running
 
 
 def _ready_pids(read_line):
@@ -86,12 +89,9 @@ def reap():
     (["--workers", "1", "--", "train_gpu.py"], "from 2 to 16, got 1"),
     (["--", "tools"], "tools is a folder; give the training script"),
     (["--", "no_such.py"], "no_such.py not found")])
-def test_launch_workers_refuses_what_it_cannot_start(repo, args, complaint):
-    result = subprocess.run([sys.executable, "tools/launch_workers.py", *args], cwd=repo,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and complaint in lines[0], result.stderr
+def test_launch_workers_refuses_what_it_cannot_start(args, complaint):
+    line = one_line(run("tools/launch_workers.py", *args, timeout=60))
+    assert line.startswith("launch_workers.py: error: ") and complaint in line, line
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
@@ -158,3 +158,23 @@ def test_a_closed_output_drops_the_lines_and_the_run_goes_on(repo, tmp_path, rea
     assert err == ""  # no BrokenPipeError, no line about it
     assert sorted(tmp_path.glob("finished-*")) == sorted(
         tmp_path / f"finished-{pid}" for pid in workers)
+
+
+# a stand-in worker that tells its place in TF_CONFIG, and fails as worker 1
+FAILING = """
+import json, os, sys
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("index", index, flush=True)
+sys.exit(3 if index == 1 else 0)
+"""
+
+
+def test_a_failed_worker_is_one_line_and_the_launchers_status():
+    done = run("tools/launch_workers.py", "--workers", "2", "--network", "host", "--",
+               sys.executable, "-c", FAILING, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines() == [
+        "launch_workers.py: error: worker 1 exited with status 3; stopped the other 1"]
+    for index in (0, 1):
+        assert f"[worker {index}] index {index}" in done.stdout
+        assert f"[launch] worker {index}: pid " in done.stdout

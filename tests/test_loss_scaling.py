@@ -5,6 +5,8 @@ that is N times too large shows as an update N times too large (Adam would
 normalise it away). Each test takes one step from the same initial weights
 on the same global batch.
 """
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -38,9 +40,11 @@ def one_step(strategy, loss, images, loop="fit"):
     if loop == "fit":
         model.fit(_dataset(images), epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
     else:
-        fit_custom(model, strategy, _dataset(images), _dataset(images).take(1),
-                   epochs=1, steps_per_epoch=1, global_batch_size=GLOBAL_BATCH,
-                   verbose=False)
+        plan = types.SimpleNamespace(
+            backend="tensorflow", strategy=strategy, global_batch_size=GLOBAL_BATCH,
+            jit_compile=False, settings=types.SimpleNamespace(epochs=1), steps_per_epoch=1,
+            steps_per_execution=1, callbacks=(), resume_step=0)
+        fit_custom(model, _dataset(images), _dataset(images).take(1), plan, verbose=False)
     after = [w.numpy() for w in model.trainable_weights]
     return before, [a - b for a, b in zip(after, before)]
 

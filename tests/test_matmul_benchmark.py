@@ -1,20 +1,18 @@
 """matmul_benchmark.py: FLOP and byte counts, statistics, and the peaks it compares against.
 
 The peaks are checked on fake /proc/cpuinfo text and GPU names, so the tests
-say the same on any machine; one tiny real run covers the timing path.
+say the same on any machine; tiny real runs cover the timing paths, TensorFlow's
+here and JAX's in processes of their own (KERAS_BACKEND=jax).
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import matmul_benchmark
+from conftest import ENV, one_line, run
 
-from pyimagesearch import runtime
-from pyimagesearch.errors import UserError
-from pyimagesearch.runtime import Host
+from pyimagesearch.host import Host
 
 
 def _cpuinfo_text(vendor, family, flags, processors=4, siblings=4, cores=2, mhz=3000.0):
@@ -146,23 +144,22 @@ exec(compile(text.replace({article!r}, {tiny!r}), str(tool), "exec"),
 """.format(article=ARTICLE_SHAPES, tiny=TINY_SHAPES)
 
 
-def _run_tool(repo, args, backend="jax", tiny=True):
+def _run_tool(args, backend="jax", tiny=True, **environ):
     """`python tools/matmul_benchmark.py ARGS` with KERAS_BACKEND=`backend` (None: unset)."""
-    env = {key: value for key, value in os.environ.items()
+    env = {key: value for key, value in ENV.items()
            if key not in ("KERAS_BACKEND", "JAX_PLATFORMS", "JAX_NUM_CPU_DEVICES")}
-    env.update({"KERAS_BACKEND": backend} if backend else {})
-    command = ["-c", AS_A_SCRIPT] if tiny else ["tools/matmul_benchmark.py"]
-    return subprocess.run([sys.executable, *command, *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env.update({"KERAS_BACKEND": backend} if backend else {}, **environ)
+    return run(*(["-c", AS_A_SCRIPT] if tiny else ["tools/matmul_benchmark.py"]), *args,
+               env=env)
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
-def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(repo, tmp_path):
+@pytest.mark.slow  # 7 s; JAX on one CPU device is the default test
+def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(tmp_path):
     # KERAS_BACKEND=jax --device tpu --rehearse 8: the route a Colab or Kaggle TPU takes
-    # (choose_framework, tpu_runtime.prepare), on 8 JAX CPU devices
+    # (choose_framework, tpu.prepare), on 8 JAX CPU devices the tool asks JAX for
     record = tmp_path / "matmul.json"
     args = ["--device", "tpu", "--rehearse", "8", "--repeats", "3", "--warmup", "1"]
-    done = _run_tool(repo, [*args, "--json", str(record)])
+    done = _run_tool([*args, "--json", record])
     assert done.returncode == 0, done.stderr
     result = json.loads(record.read_text())
     assert result["framework"] == "jax" and result["jax_version"].startswith("0.")
@@ -176,105 +173,99 @@ def test_on_a_tpu_route_jax_times_the_op_over_the_tpus_devices(repo, tmp_path):
     assert first.endswith("(8 replica(s)), float32, JAX " + result["jax_version"])
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
-def test_without_a_tpu_the_jax_path_says_what_it_found_in_one_line(repo, tmp_path):
+def test_without_a_tpu_the_jax_path_says_what_it_found_in_one_line(tmp_path):
     record = tmp_path / "matmul.json"
-    done = _run_tool(repo, ["--device", "tpu", "--json", str(record)])
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr  # TensorFlow's failed look for a GPU is not shown
-    assert lines[0].startswith("matmul_benchmark.py: error: no TPU for JAX: this machine, "
-                               "no GPU or TPU; JAX sees 1 cpu device(s)")
-    assert "jax 0." in lines[0] and lines[0].endswith("rehearse on 8 JAX CPU devices")
+    done = _run_tool(["--device", "tpu", "--json", record])
+    line = one_line(done)
+    assert line.startswith("matmul_benchmark.py: error: no TPU for Keras on JAX: this machine, "
+                           "no GPU or TPU; JAX sees 1 cpu device(s)")
+    assert "jax 0." in line and line.endswith("rehearse on 8 JAX CPU devices")
     assert not record.exists() and done.stdout == ""
 
 
-def test_jax_times_the_op_on_one_cpu_device(monkeypatch):
-    # in this process: jax beside TensorFlow, as on a TPU image with tensorflow-cpu
-    monkeypatch.setattr(matmul_benchmark, "SHAPES",
-                        {"w": (8, 16, 4), "x": (8, 4, 16), "b": (8, 16, 16)})
-    result = matmul_benchmark.run_jax_benchmark("cpu", "bfloat16", repeats=2, warmup=0)
+def test_jax_times_the_op_on_one_cpu_device(tmp_path):
+    record = tmp_path / "matmul.json"
+    done = _run_tool(["--dtype", "bfloat16", "--repeats", "2", "--warmup", "0",
+                      "--json", record])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(record.read_text())
     assert (result["framework"], result["replicas"], result["rehearsal"]) == ("jax", 1, False)
-    assert result["output_bytes"] == 8 * 16 * 16 * 2  # bfloat16
-    assert result["bytes_moved"] == 2 * (8 * 16 * 4 * 2 + 2 * 8 * 16 * 16)
+    assert result["output_bytes"] == 8 * 32 * 32 * 2  # bfloat16
+    assert result["bytes_moved"] == 2 * (8 * 32 * 16 * 2 + 2 * 8 * 32 * 32)
     assert (result["seconds"]["repetitions"], result["seconds"]["warmup"]) == (2, 0)
     assert result["peak_tflops"] is None  # no bfloat16 peak for a CPU
-    assert ", bfloat16, JAX 0." in matmul_benchmark.report(result).splitlines()[0]
+    assert ", bfloat16, JAX 0." in done.stdout.splitlines()[0]
 
 
-@pytest.mark.parametrize("device, rehearse, tpu, said", [
-    ("gpu", None, None, "--device gpu is timed with TensorFlow here: run with "
-                        "KERAS_BACKEND=tensorflow"),
-    ("cpu", None, "my-tpu", "--tpu: JAX finds this machine's TPU itself"),
-    ("tpu", 3, None, "cannot rehearse on 3 JAX CPU devices: JAX started with "),
+@pytest.mark.slow  # 9 s; JAX on one CPU device is the default test
+def test_keras_backend_jax_rehearses_a_gpu_on_n_jax_cpu_devices(tmp_path):
+    record = tmp_path / "matmul.json"
+    done = _run_tool(["--device", "gpu", "--rehearse", "2", "--repeats", "1", "--json", record])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(record.read_text())
+    assert (result["framework"], result["device"], result["replicas"]) == ("jax", "gpu", 2)
+
+
+@pytest.mark.parametrize("args, environ, said", [
+    pytest.param(["--device", "gpu"], {}, "--device gpu is timed with TensorFlow here: run "
+                 "with KERAS_BACKEND=tensorflow", marks=pytest.mark.slow),  # 6 s
+    (["--tpu", "my-tpu"], {}, "--tpu my-tpu: Keras on JAX trains on this machine's own TPU"),
+    (["--device", "tpu", "--rehearse", "3"], {"JAX_NUM_CPU_DEVICES": "2"},
+     "JAX_NUM_CPU_DEVICES=2 in your environment and --rehearse 3 disagree"),
 ])
-def test_what_the_jax_path_cannot_time_is_one_line(device, rehearse, tpu, said):
-    with pytest.raises(UserError) as refused:
-        matmul_benchmark.run_jax_benchmark(device, rehearse=rehearse, tpu=tpu)
-    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
-    assert refused.value.exit_status == 2
+def test_what_the_jax_path_cannot_time_is_one_line(args, environ, said):
+    line = one_line(_run_tool(args, **environ))
+    assert line.startswith(f"matmul_benchmark.py: error: {said}"), line
 
 
 @pytest.mark.parametrize("argv", [["--repeats", "0"], ["--warmup", "-1"], ["--dtype", "int8"],
                                   ["--rehearse", "0"], ["--device", "npu"]])
-def test_a_bad_flag_is_one_line_and_status_2(monkeypatch, capsys, argv):
-    monkeypatch.setattr(matmul_benchmark, "FRAMEWORK", "jax")
-    monkeypatch.setattr(matmul_benchmark, "run_jax_benchmark",
-                        lambda *args: pytest.fail(f"taken, it ran: {args}"))
-    with pytest.raises(SystemExit) as stopped:
-        matmul_benchmark.main(argv)
-    said = capsys.readouterr().err.splitlines()
-    assert stopped.value.code == 2 and len(said) == 1 and argv[0] in said[0], said
-
-
-def _chosen(monkeypatch, argv, environ, host):
-    """matmul_benchmark.choose_framework on stand-ins: the framework and the environment."""
-    monkeypatch.setattr(runtime.this_process, "tpu_runtime", None)  # prepare's note of this process
-    return matmul_benchmark.choose_framework(argv, environ, host), environ
+def test_a_bad_flag_is_one_line_and_status_2(monkeypatch, in_process, argv):
+    for timer in ("run_benchmark", "run_jax_benchmark"):
+        monkeypatch.setattr(matmul_benchmark, timer,
+                            lambda *args: pytest.fail(f"taken, it ran: {args}"))
+    line = one_line(in_process("tools/matmul_benchmark.py", *argv))
+    assert line.startswith(f"matmul_benchmark.py: error: argument {argv[0]}: "), line
 
 
 NO_TPU, TPU = Host("local", 0, 0, ""), Host("colab", 0, 1, "v5e")
 
 
-def test_the_framework_is_chosen_as_train_tpu_chooses_its_route(monkeypatch, capsys):
+def test_the_framework_is_chosen_as_train_tpu_chooses_its_route(capsys):
     # jax is installed here and tensorflow-tpu is not: a TPU with them is Colab's, Kaggle's
-    jax_image = runtime.installed("jax") and not runtime.tensorflow_tpu_installed()
-    assert jax_image
-    framework, environ = _chosen(monkeypatch, ["--device", "tpu"], {}, TPU)
-    assert (framework, environ["KERAS_BACKEND"]) == ("jax", "jax")
-    # no TPU, or not --device tpu, or KERAS_BACKEND=tensorflow: TensorFlow's, as before
+    environ = {}
+    assert matmul_benchmark.choose_framework(["--device", "tpu"], environ, TPU) == "jax"
+    assert environ["KERAS_BACKEND"] == "jax"
+    # no TPU, or not --device tpu, or KERAS_BACKEND=tensorflow: TensorFlow's
     for argv, host, environ in ((["--device", "tpu"], NO_TPU, {}), ([], TPU, {}),
                                 (["--device=tpu"], TPU, {"KERAS_BACKEND": "tensorflow"})):
-        framework, environ = _chosen(monkeypatch, argv, environ, host)
-        assert (framework, environ["KERAS_BACKEND"]) == ("tensorflow", "tensorflow")
+        assert matmul_benchmark.choose_framework(argv, environ, host) == "tensorflow"
+        assert environ["KERAS_BACKEND"] == "tensorflow"
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("argv, devices", [
-    ([], {"JAX_PLATFORMS": "cpu"}),                 # the CPU only: JAX leaves a TPU alone
-    (["--device", "cpu", "--rehearse", "1"], {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}),
-    (["--device=gpu", "--rehearse=2"], {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}),
-    (["--rehearse", "0"], {"JAX_PLATFORMS": "cpu"}),  # argparse refuses it next
-])
-def test_keras_backend_jax_asks_for_jax_on_any_device(monkeypatch, argv, devices):
-    framework, environ = _chosen(monkeypatch, argv, {"KERAS_BACKEND": "jax"}, NO_TPU)
-    assert framework == "jax" and environ == {"KERAS_BACKEND": "jax", **devices}
+@pytest.mark.parametrize("argv", [[], ["--device", "cpu", "--rehearse", "1"],
+                                  ["--device=gpu", "--rehearse=2"]])
+def test_keras_backend_jax_asks_for_jax_on_the_cpu_alone(argv):
+    # JAX then starts no TPU or GPU runtime (the JAX CPU devices of --rehearse N: above)
+    environ = {"KERAS_BACKEND": "jax"}
+    assert matmul_benchmark.choose_framework(argv, environ, NO_TPU) == "jax"
+    assert (environ["KERAS_BACKEND"], environ["JAX_PLATFORMS"]) == ("jax", "cpu")
 
 
-def test_another_backend_is_set_aside_for_tensorflow_in_one_line(monkeypatch, capsys):
-    framework, environ = _chosen(monkeypatch, ["--device", "tpu"], {"KERAS_BACKEND": "torch"},
-                                 TPU)
-    assert (framework, environ["KERAS_BACKEND"]) == ("tensorflow", "tensorflow")
+def test_another_backend_is_set_aside_for_tensorflow_in_one_line(capsys):
+    environ = {"KERAS_BACKEND": "torch"}
+    assert matmul_benchmark.choose_framework(["--device", "tpu"], environ, TPU) == "tensorflow"
+    assert environ["KERAS_BACKEND"] == "tensorflow"
     assert capsys.readouterr().err.splitlines() == [
         "[INFO] KERAS_BACKEND=torch set aside: this code runs Keras on TensorFlow"]
 
 
-@pytest.mark.slow
-def test_the_articles_operands_on_jax_cpu(repo, tmp_path):
-    # the brief's rehearsal: the article's 1 GiB operands, timed by JAX on the CPU
+@pytest.mark.slow  # 2.2 GB moved per call
+def test_the_articles_operands_on_jax_cpu(tmp_path):
+    # the article's 1 GiB operands, timed by JAX on the CPU
     record = tmp_path / "matmul.json"
-    done = _run_tool(repo, ["--repeats", "2", "--warmup", "1", "--json", str(record)],
-                     tiny=False)
+    done = _run_tool(["--repeats", "2", "--warmup", "1", "--json", record], tiny=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(record.read_text())
     assert result["framework"] == "jax" and result["flops"] == 8_589_934_592

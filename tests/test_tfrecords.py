@@ -4,20 +4,17 @@ Tiny data throughout: the 5,000-digit sample, or a few hundred of its digits.
 """
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import benchmark_pipeline
-import prepare_mnist
 import train_cpu
 import write_tfrecords
 
-from pyimagesearch import config, data, sources, tfrecord_writer, tfrecords
-from pyimagesearch.pipeline import Reading
+from pyimagesearch import config, sources, tfrecords
 from pyimagesearch.errors import UserError
+from pyimagesearch.pipeline import Reading
 
 TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 
@@ -25,22 +22,27 @@ TRAIN, VAL = config.TRAIN_FLAG, config.VALIDATION_FLAG
 @pytest.fixture(scope="module")
 def sample():
     """The sample's splits with their labels: {split: (uint8 images, labels)}."""
-    return {split: sources.SampleSource().examples(split)
-            for split in (TRAIN, VAL)}
+    return {split: sources.SampleSource("test").examples(split) for split in (TRAIN, VAL)}
 
 
 @pytest.fixture(scope="module")
 def small():
     """300 training and 40 validation digits of the sample, all different."""
-    images, labels = sources.SampleSource().examples(TRAIN)
+    images, labels = sources.SampleSource("test").examples(TRAIN)
     return {TRAIN: (images[:300], labels[:300]), VAL: (images[300:340], labels[300:340])}
 
 
 def write(folder, splits, shards=4, compression="none", origin="sample", overwrite=False):
     """Write `splits` as a TFRecord folder the way write_tfrecords.py does."""
-    return tfrecord_writer.write_folder(str(folder), splits, config.DATA_NAME, origin=origin,
-                                  origin_reason="a test", command=["test"], shards=shards,
+    return tfrecords.write_folder(str(folder), splits, origin, "a test", ["test"], shards=shards,
                                   compression=compression, overwrite=overwrite)
+
+
+def read(folder, split, seed=None, **reading):
+    """The batches of `split` a run reads from the TFRecord folder: data.Reading's fields."""
+    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
+    context = reading.pop("input_context", None)
+    return source.dataset(split, Reading(seed=seed, **reading), context)
 
 
 def as_uint8(batches):
@@ -68,22 +70,20 @@ def test_round_trip_is_bit_for_bit(tmp_path, sample, compression):
     assert json.loads((tmp_path / "metadata.json").read_text()) == metadata
     source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
     for split, (images, labels) in sample.items():
-        read_images, read_labels = tfrecords.read_split(str(tmp_path), split)
+        read_images, read_labels = tfrecords.read_split(str(tmp_path), split, metadata)
         np.testing.assert_array_equal(read_images, images)
         np.testing.assert_array_equal(read_labels, labels)
         assert source.size(split) == len(images)
     # the validation pipeline reads the split in its order, as floats in [0, 1]
-    validation = data.get_data(config.DATA_NAME, VAL, batchSize=128, source=source.name,
-                               data_dir=str(tmp_path))
+    validation = read(tmp_path, VAL, batch_size=128)
     assert int(validation.cardinality()) == 4  # 500 images: 3 x 128 + 116, known to Keras
     np.testing.assert_array_equal(as_uint8(validation), sample[VAL][0])
 
 
 def test_every_image_once_per_epoch_in_a_new_order(tmp_path, small):
     write(tmp_path, small, shards=4)
-    train = data.get_data(config.DATA_NAME, TRAIN, batchSize=100, shuffleSize=64,
-                          source="tfrecord", data_dir=str(tmp_path), repeat=True,
-                          drop_remainder=True, seed=7)
+    train = read(tmp_path, TRAIN, batch_size=100, shuffle_size=64, repeat=True,
+                 drop_remainder=True, seed=7)
     images = as_uint8(train.take(6))  # two epochs of 300
     first, second = images[:300], images[300:]
     assert keys(first) == keys(second) == keys(small[TRAIN][0])
@@ -108,9 +108,8 @@ def shard_of(folder, images):
 def test_shard_order_differs_between_epochs(tmp_path, small, seed):
     write(tmp_path, small, shards=6)
     # a shuffle buffer of 1 leaves the records in the order the shards give them
-    train = data.get_data(config.DATA_NAME, TRAIN, batchSize=50, shuffleSize=1,
-                          source="tfrecord", data_dir=str(tmp_path), repeat=True,
-                          drop_remainder=True, seed=seed)
+    train = read(tmp_path, TRAIN, batch_size=50, shuffle_size=1, repeat=True,
+                 drop_remainder=True, seed=seed)
     owners = shard_of(tmp_path, as_uint8(train.take(6 * 4)))  # four epochs
     orders = [tuple(dict.fromkeys(owners[epoch * 300:(epoch + 1) * 300]))
               for epoch in range(4)]
@@ -127,9 +126,8 @@ def test_multi_worker_training_split_covers_the_data_once(tmp_path, small, shard
         # 2 pipelines (workers) of 2 replicas each; a global batch of 20 is
         # 10 per pipeline, 5 per replica
         context = tf.distribute.InputContext(2, pipeline, 4)
-        slices = data.get_data(config.DATA_NAME, TRAIN, batchSize=20, shuffleSize=64,
-                               source="tfrecord", data_dir=str(tmp_path), seed=1,
-                               input_context=context)
+        slices = read(tmp_path, TRAIN, batch_size=20, shuffle_size=64, seed=1,
+                      by_pipeline=True, input_context=context)
         images = as_uint8(slices)
         assert images.shape == (150, 28, 28, 1)  # its half, in slices of 5
         assert all(len(piece) == 5 for piece, _ in slices)
@@ -143,9 +141,8 @@ def test_multi_worker_training_split_covers_the_data_once(tmp_path, small, shard
 def test_multi_worker_validation_gives_each_replica_its_slice_of_every_batch(tmp_path, small):
     write(tmp_path, small, shards=4)
     images = small[VAL][0]
-    pieces = [as_uint8(data.get_data(
-        config.DATA_NAME, VAL, batchSize=16, source="tfrecord", data_dir=str(tmp_path),
-        input_context=tf.distribute.InputContext(2, pipeline, 2))) for pipeline in range(2)]
+    pieces = [as_uint8(read(tmp_path, VAL, batch_size=16, input_context=tf.distribute
+                            .InputContext(2, pipeline, 2))) for pipeline in range(2)]
     # 40 images: batches of 16, 16 and 8, each split 8 + 8 (4 + 4 at the end)
     np.testing.assert_array_equal(np.concatenate([pieces[0][:8], pieces[1][:8],
                                                   pieces[0][8:16], pieces[1][8:16],
@@ -155,9 +152,7 @@ def test_multi_worker_validation_gives_each_replica_its_slice_of_every_batch(tmp
 def test_tpu_style_validation_is_exactly_the_batches_counted(tmp_path, small):
     write(tmp_path, small, shards=4)
     # a TPU run's fixed validation: repeated, full batches, cut to a count
-    fixed = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
-                          data_dir=str(tmp_path), repeat=True, drop_remainder=True,
-                          batches=2)
+    fixed = read(tmp_path, VAL, batch_size=16, repeat=True, drop_remainder=True, batches=2)
     assert int(fixed.cardinality()) == 2  # Keras stops there, mid-execution or not
     np.testing.assert_array_equal(as_uint8(fixed), small[VAL][0][:32])
 
@@ -167,8 +162,7 @@ def test_a_bucket_path_works_through_gfile(small):
     write(folder, small, shards=2, overwrite=True)
     source = sources.resolve_source("tfrecord", config.DATA_NAME, folder)
     assert source.label == "tfrecord (sample)"
-    validation = data.get_data(config.DATA_NAME, VAL, batchSize=16, source="tfrecord",
-                               data_dir=folder)
+    validation = read(folder, VAL, batch_size=16)
     np.testing.assert_array_equal(as_uint8(validation), small[VAL][0])
 
 
@@ -197,44 +191,35 @@ def test_a_finished_folder_is_replaced_only_with_overwrite(tmp_path, small, caps
     assert "wrote" in capsys.readouterr().out
 
 
-# write_tfrecords.py --overwrite, stopped by a signal on the way: "shard" sends
-# SIGTERM while the second new shard is written (before the swap), "swap" while
-# the new set is renamed into place, "kill" SIGKILLs it there (the next run
-# makes the folder whole)
+# write_tfrecords.py --overwrite, stopped on the way: "shard" sends SIGTERM while the
+# second new shard is written, "metadata" while the new metadata is written (held until
+# it is in place), "kill" SIGKILLs it there
 STOPPED_WRITER = r"""
 import os, signal, sys
-import tensorflow as tf
 args, sys.argv = sys.argv[1:], ["write_tfrecords.py"]
-from pyimagesearch import cli, tfrecord_writer
+from pyimagesearch import host
+host.prepare_tensorflow()
+from pyimagesearch import exits, files, tfrecords
 import write_tfrecords
-how = os.environ["HOW"]
-real_shard, real_rename, calls = tfrecord_writer.write_shard, tf.io.gfile.rename, []
-def shard(*args):
-    calls.append("shard")
-    if how == "shard" and calls.count("shard") == 2:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return real_shard(*args)
-def rename(*args, **kwargs):
-    calls.append("rename")
-    if calls.count("rename") == 3:
+how, calls, real = os.environ["HOW"], [], files.replace_file
+def replace_file(path, write, what=None):
+    calls.append(path)
+    if (how == "shard" and len(calls) == 2) or (how != "shard" and path.endswith(".json")):
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
-    return real_rename(*args, **kwargs)
-tfrecord_writer.write_shard = shard
-if how != "shard":
-    tf.io.gfile.rename = rename
-cli.run_main(write_tfrecords.main, args)
+    return real(path, write, what)
+tfrecords.replace_file = files.replace_file = replace_file
+exits.run_main(write_tfrecords.main, args)
 """
 
 
-# slow, every case (the default suite's budget): the swap itself is stopped at each of
-# its steps in tests/test_outputs.py
-@pytest.mark.slow
-@pytest.mark.parametrize("how, status, said, holds", [
-    ("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4),
-    ("swap", 143, "stopped by SIGTERM; its new outputs were all written to", 2),
-    ("kill", -9, None, None)])
+@pytest.mark.parametrize("how, status, said, shards", [
+    pytest.param("shard", 143, "stopped by SIGTERM; earlier outputs are untouched", 4,
+                 marks=pytest.mark.slow),  # 6 s each; the default keeps the kill
+    pytest.param("metadata", 143, "stopped by SIGTERM after the run had ended; the new "
+                 "TFRecords in", 2, marks=pytest.mark.slow),
+    ("kill", -9, None, 4)])
 def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_which(
-        repo, tmp_path, how, status, said, holds):
+        repo, tmp_path, how, status, said, shards):
     import subprocess
     import sys
 
@@ -248,13 +233,9 @@ def test_a_writer_stopped_on_the_way_leaves_the_old_set_or_the_new_and_says_whic
     assert done.returncode == status, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     if said:
-        assert len(errors) == 1 and said in errors[0] and "--backup-dir" not in errors[0]
-    else:  # SIGKILLed mid-swap: what the next write does first makes the folder whole
-        from pyimagesearch.files import recover
-
-        recover(str(out))
-    metadata = tfrecords.verify(str(out))  # every shard whole and as its metadata says
-    assert len(metadata["splits"][TRAIN]["shards"]) in ((holds,) if holds else (2, 4))
+        assert len(errors) == 1 and said in errors[0], done.stderr[-2000:]
+    source = sources.tfrecord_source(str(out))  # every shard whole and as its metadata says
+    assert len(source.metadata["splits"][TRAIN]["shards"]) == shards
     assert not [name for name in os.listdir(out) if name.startswith(".")]
 
 
@@ -313,8 +294,8 @@ def test_a_corrupt_shard_of_the_right_size(folder):
 def test_a_record_with_the_wrong_shape(folder, small):
     images, labels = small[TRAIN]
     shard = first_shard(folder)
-    records = [tfrecord_writer.serialize(image, label) for image, label in zip(images[:75], labels)]
-    records[3] = tfrecord_writer.serialize(np.zeros((27, 28, 1), np.uint8), 0)
+    records = [tfrecords.serialize(image, label) for image, label in zip(images[:75], labels)]
+    records[3] = tfrecords.serialize(np.zeros((27, 28, 1), np.uint8), 0)
     with tf.io.TFRecordWriter(str(shard)) as writer:
         for record in records:
             writer.write(record)
@@ -326,12 +307,12 @@ def test_a_record_with_the_wrong_shape(folder, small):
 
 
 @pytest.mark.parametrize("text, complaint", [
-    ("{not json", "is not valid JSON"),
+    ("{not json", r"\(Expecting property name.*\); run tools/write_tfrecords.py again"),
     ('{"format": "something else"}', "not a pyimagesearch-tfrecords metadata file"),
 ])
 def test_corrupt_metadata(folder, text, complaint):
     (folder / "metadata.json").write_text(text)
-    with pytest.raises(UserError, match=f"{folder / 'metadata.json'}.*{complaint}"):
+    with pytest.raises(UserError, match=rf"{folder / 'metadata.json'}.*{complaint}"):
         sources.resolve_source("tfrecord", config.DATA_NAME, str(folder))
 
 
@@ -364,14 +345,12 @@ def test_a_tfrecord_folder_that_is_a_file_or_a_shard_that_is_a_folder(tmp_path):
         sources.resolve_source("tfrecord", "mnist", str(tmp_path / "metadata.json"))
     (tmp_path / "shard").mkdir()
     with pytest.raises(UserError, match="shard is a folder"):
-        tfrecords.verify_shard(str(tmp_path / "shard"), 1, 1, (28, 28, 1), "")
+        tfrecords.verify_shard(str(tmp_path / "shard"), {"records": 1}, (28, 28, 1), "")
 
 
 def test_a_shard_swapped_for_another_of_the_same_size_is_refused(tmp_path):
-    images, labels = sources.SampleSource().examples("test")
-    tfrecord_writer.write_folder(str(tmp_path), {"train": (images[:40], labels[:40]),
-                                           "test": (images[:40], labels[:40])}, "mnist",
-                           origin="sample", origin_reason="a test", command=["test"], shards=4)
+    images, labels = sources.SampleSource("test").examples("test")
+    write(tmp_path, {"train": (images[:40], labels[:40]), "test": (images[:40], labels[:40])})
     first, second = sorted(tmp_path.glob("test-*"))[:2]
     assert first.stat().st_size == second.stat().st_size  # fixed-size records
     first.write_bytes(second.read_bytes())  # the same size, count and shapes
@@ -431,60 +410,31 @@ def test_a_training_run_reads_the_metadata_once(tmp_path, sample, monkeypatch):
     assert reads == [str(tmp_path / "records")]  # on gs://, each read is a round trip
 
 
-@pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
-def test_input_only_benchmark_writes_consistent_figures(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its TFRecords go
-    monkeypatch.setattr(config, "TRAIN_IMAGES", 300)
-    monkeypatch.setattr(config, "VALIDATION_IMAGES", 20)
-    prepare_mnist.prepare(str(tmp_path / "tfds"))
-    out = tmp_path / "bench.json"
-    benchmark_pipeline.main(["--data-dir", str(tmp_path / "tfds"), "--input-only",
-                             "--steps", "2", "--trials", "2", "--epochs", "1",
-                             "--json", str(out)])
-    figures = json.loads(out.read_text())
-    pipelines = {"article_style", "tfrecord", "in_memory", "article_style_tfds_cache"}
-    assert pipelines <= figures.keys()
-    assert set(figures["trials"]) == set(figures["speedup_over_article_style"]) == pipelines
-    for name in pipelines:
-        assert len(figures["trials"][name]) == 2
-        assert figures[name] == pytest.approx(float(np.median(figures["trials"][name])))
-        assert figures["speedup_over_article_style"][name] == pytest.approx(
-            figures[name] / figures["article_style"])
-    assert figures["command"][:2] == ["tools/benchmark_pipeline.py", "--data-dir"]
-    assert "stand-in" in figures["tfrecord_data"]
-    assert not list(tmp_path.glob("pyimagesearch-tfrecords-*"))  # temporary folder removed
-    assert "tfrecord" in capsys.readouterr().out
-
-
-def test_files_are_split_between_workers_only_when_they_divide_evenly():
-    assert tfrecords.splits_by_file(8, 4) and tfrecords.splits_by_file(8, 8)
-    # 8 shards over 3 workers: 3, 3 and 2 files, the third worker's images
-    # seen 1.5 times as often; split by record instead
-    assert not tfrecords.splits_by_file(8, 3) and not tfrecords.splits_by_file(1, 2)
-
-
-def test_auto_sharding_is_off_only_where_the_pipeline_splits_itself(tmp_path, small):
+def test_an_overwrite_writes_beside_the_earlier_shards_and_removes_them_last(tmp_path, small):
     write(tmp_path, small, shards=2)
-    source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
-    off = tf.data.experimental.AutoShardPolicy.OFF
-    reading = Reading(batch_size=20, shuffle_size=64, seed=1, repeat=True,
-                      drop_remainder=True)
-    # one process: a strategy over several hosts (a TPU slice) shards it
-    whole = source.dataset(TRAIN, reading)
-    assert whole.options().experimental_distribute.auto_shard_policy != off
-    sliced = source.dataset(TRAIN, reading, tf.distribute.InputContext(2, 0, 2))
-    assert sliced.options().experimental_distribute.auto_shard_policy == off
+    before = sorted(os.listdir(tmp_path))
+    metadata = write(tmp_path, small, shards=2, overwrite=True)
+    names = [shard["file"] for shard in metadata["splits"][TRAIN]["shards"]]
+    assert all(".tfrecord" in name and name not in before for name in names)  # stamped
+    assert sorted(os.listdir(tmp_path)) == sorted(["metadata.json"] + names + [
+        shard["file"] for shard in metadata["splits"][VAL]["shards"]])
+    third = write(tmp_path, small, shards=2, overwrite=True)  # the plain names are free again
+    assert third["splits"][TRAIN]["shards"][0]["file"] == "train-00000-of-00002.tfrecord"
 
 
 def test_on_one_host_the_strategy_is_not_asked_to_shard_a_tfrecord_run(tmp_path, small):
     # its rewrite would only drop the batch count, with a warning in every run
-    from pyimagesearch.strategies import rehearsal
-    from pyimagesearch.plan import Settings, plan_run
+    import dataclasses
+
+    from pyimagesearch.data import get_data
+    from pyimagesearch.plan import Settings, make_plan, with_validation
 
     write(tmp_path, small, shards=2)
     source = sources.resolve_source("tfrecord", config.DATA_NAME, str(tmp_path))
-    plan = plan_run("gpu", Settings(batch_size=10), 2).with_data(source, rehearsal(2))
+    plan = make_plan("cpu", Settings(batch_size=20), 1)
+    plan = with_validation(dataclasses.replace(plan, strategy=tf.distribute.get_strategy()),
+                           source)
     off = tf.data.experimental.AutoShardPolicy.OFF
     for split, shuffle in ((TRAIN, 64), (VAL, None)):
-        dataset = data.get_data(config.DATA_NAME, split, 20, shuffle, plan=plan)
+        dataset = get_data(config.DATA_NAME, split, 20, shuffle, plan=plan)
         assert dataset.options().experimental_distribute.auto_shard_policy == off

@@ -8,6 +8,7 @@ with flags its parser takes; and the failure policy is replayed, as for the clus
 """
 import copy
 import math
+import re
 
 import pytest
 
@@ -20,7 +21,9 @@ DOC = REPO / "docs" / "tpus.md"
 # GKE's TPU accelerator labels and the chips one host of a multi-host slice holds
 # (GKE's "Plan TPUs in GKE" tables: ct5lp-hightpu-4t, ct6e-standard-4t, ct4p-hightpu-4t)
 CHIPS_PER_HOST = {"tpu-v5-lite-podslice": 4, "tpu-v6e-slice": 4, "tpu-v4-podslice": 4}
-JAX_COORDINATOR_PORT = 8476  # jax 0.7.2, jax/_src/clusters/cloud_tpu_cluster.py
+JAX_COORDINATOR_PORT = 8476  # jax 0.6.2 and 0.7.2, jax/_src/clusters/cloud_tpu_cluster.py
+# the ports GKE's multi-host TPU JobSets open (GKE's "Deploy TPU workloads", xpk)
+PORTS = {8471: "libtpu", JAX_COORDINATOR_PORT: "JAX's coordinator", 8431: "libtpu's metrics"}
 
 
 def _slice():
@@ -68,6 +71,13 @@ def _slice_problems(manifest):
     if annotations.get("alpha.jobset.sigs.k8s.io/exclusive-topology") != \
             "cloud.google.com/gke-nodepool":
         problems.append("pods not kept on one node pool")
+    # on the host's network a pod resolves the JobSet's service names (TPU_WORKER_HOSTNAMES,
+    # JAX's coordinator) only with this DNS policy (Kubernetes' "Pod's DNS Policy")
+    if pod.get("hostNetwork") and pod.get("dnsPolicy") != "ClusterFirstWithHostNet":
+        problems.append("hostNetwork without dnsPolicy ClusterFirstWithHostNet")
+    ports = {port["containerPort"] for port in _container(pod).get("ports", [])}
+    problems += [f"no container port {port} ({what})" for port, what in PORTS.items()
+                 if port not in ports]
     return problems
 
 
@@ -91,11 +101,19 @@ def test_its_pods_fill_one_slice_one_pod_per_host():
     (lambda m: m["metadata"].pop("annotations"), "not kept on one node pool"),
     (lambda m: _rjob(m).pop("completionMode"), "not an Indexed Job"),
     (lambda m: m["spec"]["replicatedJobs"][0].update(replicas=2), "2 slices"),
+    (lambda m: _pod(m).update(hostNetwork=True), "hostNetwork without dnsPolicy"),
+    (lambda m: _container(_pod(m))["ports"].pop(), "no container port 8431 (libtpu's metrics)"),
 ])
 def test_a_manifest_that_is_not_one_slice_is_told(change, problem):
     manifest = copy.deepcopy(_slice())
     change(manifest)
     assert any(problem in found for found in _slice_problems(manifest))
+
+
+def test_the_hosts_network_is_allowed_with_its_dns_policy():
+    manifest = copy.deepcopy(_slice())
+    _pod(manifest).update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+    assert _slice_problems(manifest) == [] and _schema_errors(manifest) == []
 
 
 def test_every_pod_runs_train_tpu_on_jax_with_flags_its_parser_takes():
@@ -116,8 +134,9 @@ def test_the_coordinator_port_is_the_one_jax_uses():
 
 
 @pytest.mark.parametrize("status, outcome", [
-    # 1 too: JAX ends the other hosts with it when host 0 is lost (docs/tpus.md)
-    (1, "retries, counted"), (2, "fails"), (126, "fails"), (127, "fails"),
+    # 1 and 134 too: JAX ends the other hosts with them when host 0 is lost (jaxlib 0.7.2:
+    # 1; 0.6.2: SIGABRT, docs/tpus.md)
+    (1, "retries, counted"), (134, "retries, counted"), (2, "fails"), (126, "fails"), (127, "fails"),
     (143, "retries, not counted"), (137, "retries, counted"), (138, "retries, counted"),
     (139, "retries, counted"), (3, "retries, counted"), (255, "retries, counted"),
 ])
@@ -131,3 +150,36 @@ def test_a_disrupted_host_restarts_the_slice_uncounted():
     manifest = copy.deepcopy(manifest)  # the replay itself: without the rule it counts
     _rjob(manifest).pop("podFailurePolicy")
     assert _jobset_outcome(manifest, 137, {"DisruptionTarget"}) == "retries, counted"
+
+
+# --- the docs' install lines and gcloud commands -------------------------------------------------
+
+def _blocks(language):
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), re.S)
+
+
+def test_the_image_is_the_tpu_vms_install_on_the_tpu_vms_python():
+    (dockerfile,) = _blocks("dockerfile")
+    assert "FROM python:3.10" in dockerfile  # the TPU VM image's Python, as the pins are for
+    assert "pip install --no-cache-dir -r requirements-tpu-vm.txt" in dockerfile
+    pins = (REPO / "requirements-tpu-vm.txt").read_text()
+    assert "Python 3.10" in pins and "jax[tpu]==0.6.2" in pins
+
+
+def test_every_tpu_created_is_deleted_and_runs_on_the_images_python3():
+    gcloud = [block for block in _blocks("bash") if "gcloud compute tpus" in block]
+    assert len(gcloud) == 2  # one host, and a slice
+    for block in gcloud:
+        created = re.findall(r"queued-resources create (\S+)", block)
+        assert created and re.findall(r"queued-resources delete (\S+) .*--force", block) \
+            == created
+        assert " python " not in block and "python3 train_tpu.py" in block
+        assert "pip install -r requirements-tpu-vm.txt" in block
+
+
+def test_no_reader_types_a_process_count_or_host_list():
+    # JAX finds the slice itself; Keras' variables are the launcher's, for a rehearsal
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for variable in ("KERAS_DISTRIBUTION_NUM_PROCESSES=", "KERAS_DISTRIBUTION_PROCESS_ID=",
+                         "TPU_WORKER_HOSTNAMES=", "TPU_WORKER_ID="):
+            assert variable not in page.read_text(), f"{page.name}: {variable}"

@@ -1,16 +1,12 @@
-"""Each workaround of TensorFlow or Keras, held against the installed versions: still needed?
+"""Each workaround of TensorFlow, Keras or JAX, held against the installed versions: still needed?
 
-Every workaround names its upstream issue and the version that ends it (in its
-docstring, and in docs/development.md's table). The probes below run the
-installed TensorFlow and Keras without the workaround, in a process of their
-own, and check that what it works around still happens. When an upgrade fixes
-one, its test fails with a line that says which workaround can go, and why. The
-quiet import's fault comes and goes between releases (2.20's import keeps to
-TF_CPP_MIN_LOG_LEVEL, 2.19's and 2.21's do not): its test holds a table per
-release, and the workaround runs only on those where the fault is there.
+Every workaround names its upstream issue (or says none was filed) and the
+version that still needs it. The probes run the installed TensorFlow and Keras
+without the workaround, in a process of their own, and check that what it works
+around still happens: when an upgrade fixes one, its test fails with a line that
+says which workaround can go.
 """
 import importlib
-import importlib.metadata
 import inspect
 import json
 import os
@@ -22,8 +18,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The probes, in one process (TensorFlow imported once, ~5 s): each prints one
-# line of JSON, {"probe": name, "still": whether the fault is still there}.
+# The probes, in one process (TensorFlow imported once): each prints one line of JSON,
+# {"probe": name, "still": whether the fault is still there}.
 PROBES = r"""
 import inspect, json, os, sys, tempfile
 import numpy as np
@@ -38,29 +34,24 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 devices = [device.name for device in tf.config.list_logical_devices("CPU")]
 mirrored = tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
-# plain_device_buffers: the per-device buffers are made with autotuning left on
+# data.distribute: a rehearsal's per-device buffers are made with autotuning on, which
+# stalls epochs as Keras tears them down; one pipeline per replica avoids them
 from tensorflow.python.data.ops import multi_device_iterator_ops as ops
 made, original = [], ops._create_device_dataset
 ops._create_device_dataset = lambda *a, **k: made.append(original(*a, **k)) or made[-1]
 next(iter(mirrored.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))))
 ops._create_device_dataset = original
-options = [(d.options().autotune.enabled, d.options().experimental_optimization
-            .apply_default_optimizations) for d in made]
-said("plain_device_buffers", made and all(o == (None, None) for o in options), options)
+options = [d.options().autotune.enabled for d in made]
+said("per_device_buffers", made and all(o is None for o in options), options)
 
-# local_cpu_devices: a CPU-only worker of MultiWorkerMirroredStrategy gets one device
+# strategies.multi_worker: a CPU-only worker of MultiWorkerMirroredStrategy gets one device
 from tensorflow.python.distribute import collective_all_reduce_strategy as car
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]}), task_type="worker",
     task_id=0, num_accelerators={"CPU": 2})
 found, _ = car.CollectiveAllReduceExtended._initialize_local_devices(
     None, resolver, "/job:worker/replica:0/task:0")
-said("local_cpu_devices", len(found) == 1, found)
-
-# bound_cluster_start: the strategy takes no limit on the workers' start
-signature = inspect.signature(tf.distribute.MultiWorkerMirroredStrategy.__init__)
-said("bound_cluster_start", not any("timeout" in name for name in signature.parameters),
-     list(signature.parameters))
+said("one_cpu_replica_per_worker", len(found) == 1, found)
 
 # preemption_handler_acts: on a Google Cloud CPU VM the handler never saves
 from tensorflow.python.distribute.failure_handling import failure_handling_util as util
@@ -103,7 +94,7 @@ try:
 except Exception as error:  # InvalidArgumentError: "Trying to access resource ..."
     said("keras_19005", "Trying to access resource" in str(error), type(error).__name__)
 
-# pipeline.py: a graph seed of 0 and a tensor op seed fail in a flat_map
+# pipeline.seeded_passes: a graph seed of 0 and a tensor op seed fail in a flat_map
 def seeded(k):
     tf.compat.v1.get_default_graph().seed = 0
     return tf.data.Dataset.range(4).shuffle(4, seed=k)
@@ -114,25 +105,25 @@ except Exception as error:
     said("graph_seed_0", "OperatorNotAllowedInGraphError" in type(error).__name__,
          type(error).__name__)
 
-# tpu_lookup: TPUClusterResolver cuts an IPv6 address at its first colon
+# tpu.find_tpu: TPUClusterResolver cuts an IPv6 address at its first colon
 address = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="grpc://[::1]:8470").master()
 said("tpu_ipv6", address != "grpc://[::1]:8470", address)
+
 """
 
-# each probe: the workaround, where it is, its upstream issue, and what its end would look like
+# each probe: the workaround, where it is, its upstream issue
 WORKAROUNDS = {
-    "plain_device_buffers": ("workarounds.py", "none filed (the warning it also "
-                             "removes: tensorflow/tensorflow#61816)"),
-    "local_cpu_devices": ("workarounds.py", "none public (TensorFlow's TODO "
-                          "b/126786766 in collective_all_reduce_strategy.py)"),
-    "bound_cluster_start": ("workarounds.py", "none filed"),
-    "preemption_handler_acts": ("workarounds.py", "none filed (failure_handling.py: "
-                                "'We can make it work upon request')"),
-    "stop_preemption_handler": ("workarounds.py", "none filed"),
-    "keras_20585": ("cluster.py, plan.py", "keras-team/keras#20585"),
-    "keras_19005": ("plan.py", "keras-team/keras#19005"),
-    "graph_seed_0": ("pipeline.py", "none filed (related: tensorflow/tensorflow#17284)"),
-    "tpu_ipv6": ("tpu_lookup.py", "none filed"),
+    "per_device_buffers": ("data.distribute", "none filed (its warning: "
+                           "tensorflow/tensorflow#61816)"),
+    "one_cpu_replica_per_worker": ("strategies.multi_worker", "none public (TensorFlow's TODO "
+                                   "b/126786766 in collective_all_reduce_strategy.py)"),
+    "preemption_handler_acts": ("backup.preemption_handler_acts", "none filed "
+                                "(failure_handling.py: 'We can make it work upon request')"),
+    "stop_preemption_handler": ("backup.Backup.on_train_end", "none filed"),
+    "keras_20585": ("plan.make_plan", "keras-team/keras#20585"),
+    "keras_19005": ("cli.refuse", "keras-team/keras#19005"),
+    "graph_seed_0": ("pipeline.seeded_passes", "tensorflow/tensorflow#17284"),
+    "tpu_ipv6": ("tpu.find_tpu", "none filed"),
 }
 
 
@@ -153,95 +144,22 @@ def test_the_fault_each_workaround_works_around_is_still_there(probed, probe):
 
     assert probed[probe]["still"], (
         f"TensorFlow {tf.__version__} with Keras {keras.__version__} no longer shows what "
-        f"{probe} ({where}; upstream: {upstream}) works around ({probed[probe]['detail']}): "
-        "remove the workaround, and say in its docstring which version ended it")
+        f"{where} (upstream: {upstream}) works around ({probed[probe]['detail']}): remove the "
+        "workaround, and say in its docstring which version ended it")
 
 
-# Does `import tensorflow` print at TF_CPP_MIN_LOG_LEVEL=3 (tensorflow/tensorflow#100442),
-# and at 1, what runtime.process sets? Per release (the start of its version); observed
-# on a CPU-only machine on 2026-12-05 with `TF_CPP_MIN_LOG_LEVEL=N python -c "import
-# tensorflow"`: 2.19.1 and 2.21.0 print at every level; 2.20.0 at 0 only (INFO lines).
-# terminal.py's import hook runs where this says True (IMPORT_KEEPS_TO_THE_LEVEL).
-IMPORT_PRINTS_AT_LEVELS_1_TO_3 = {"2.19.": True, "2.20.": False, "2.21.": True}
+UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|no upstream report")
 
 
-def _release(version):
-    """The key of IMPORT_PRINTS_AT_LEVELS_1_TO_3 that `version` starts with, or None."""
-    return next((key for key in IMPORT_PRINTS_AT_LEVELS_1_TO_3 if version.startswith(key)),
-                None)
-
-
-# level 3 is the one that differs between the releases (2.20 is silent there)
-@pytest.mark.parametrize("level", [pytest.param("1", marks=pytest.mark.slow), "3"])
-def test_tensorflows_own_switch_leaves_import_lines_where_the_table_says(repo, level):
-    import tensorflow as tf
-
-    done = subprocess.run([sys.executable, "-c", "import tensorflow"], cwd=repo,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": level})
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = done.stderr.strip()
-    release = _release(tf.__version__)
-    assert release is not None, (
-        f"TensorFlow {tf.__version__} is not in IMPORT_PRINTS_AT_LEVELS_1_TO_3: add it "
-        "(tensorflow/tensorflow#100442); at TF_CPP_MIN_LOG_LEVEL=" + level + " its import "
-        + (f"printed:\n{printed[:1500]}" if printed else "printed nothing"))
-    if IMPORT_PRINTS_AT_LEVELS_1_TO_3[release]:
-        assert printed, (
-            f"TF_CPP_MIN_LOG_LEVEL={level} now silences TensorFlow {tf.__version__}'s import "
-            "(tensorflow/tensorflow#100442): set it False in IMPORT_PRINTS_AT_LEVELS_1_TO_3 and "
-            "add it to terminal.py's IMPORT_KEEPS_TO_THE_LEVEL, which leaves the hook out")
-    else:
-        assert not printed, (
-            f"TensorFlow {tf.__version__}'s import prints at TF_CPP_MIN_LOG_LEVEL={level} "
-            "(tensorflow/tensorflow#100442), which IMPORT_PRINTS_AT_LEVELS_1_TO_3 says it does "
-            "not: set it True there and take it out of terminal.py's "
-            f"IMPORT_KEEPS_TO_THE_LEVEL, so the import hook runs on it:\n{printed[:1500]}")
-
-
-@pytest.mark.parametrize("release", sorted(IMPORT_PRINTS_AT_LEVELS_1_TO_3))
-def test_the_quiet_import_runs_on_the_releases_whose_import_prints(release, monkeypatch):
-    # what terminal.py decides from the installed builds' metadata, against the table
-    from pyimagesearch import terminal
-
-    quiet_on_their_own = {key for key, prints in IMPORT_PRINTS_AT_LEVELS_1_TO_3.items()
-                          if not prints}
-    assert set(terminal.IMPORT_KEEPS_TO_THE_LEVEL) <= quiet_on_their_own
-
-    def installed(builds):
-        monkeypatch.setattr(importlib.metadata, "version", lambda name: (
-            builds[name] if name in builds else _not_found(name)))
-        return terminal.import_ignores_the_level()
-
-    version = release + "0"
-    assert installed({"tensorflow": version}) is IMPORT_PRINTS_AT_LEVELS_1_TO_3[release]
-    assert installed({"tensorflow-cpu": version}) is IMPORT_PRINTS_AT_LEVELS_1_TO_3[release]
-    # tensorflow-tpu, a release not in the table, or no build found: the hook, as before
-    assert installed({"tensorflow-tpu": version}) is True
-    assert installed({"tensorflow-cpu": version, "tensorflow": "2.99.0"}) is True
-    assert installed({}) is True
-
-
-def _not_found(name):
-    raise importlib.metadata.PackageNotFoundError(name)
-
-
-UPSTREAM = re.compile(r"[\w-]+/[\w.-]+#\d+|none filed|none public|https://github\.com/\S+")
-
-
-@pytest.mark.parametrize("module, names", [
-    ("pyimagesearch.workarounds", ["plain_device_buffers", "local_cpu_devices",
-                                            "bound_cluster_start", "preemption_handler_acts",
-                                            "stop_preemption_handler"]),
-    ("pyimagesearch.terminal", ["quiet_tensorflow_import", "filter_collective_noise"]),
-    ("pyimagesearch.pipeline", ["seeded_passes"]),
-    ("pyimagesearch.tpu_lookup", ["find_tpu"]),
-    ("pyimagesearch.runtime", ["leave_the_tpu_alone"]),
-])
-def test_every_workaround_names_its_upstream_issue_and_where_it_ends(module, names):
-    loaded = importlib.import_module(module)
-    for name in names:
-        said = inspect.getdoc(getattr(loaded, name)) or ""
-        assert UPSTREAM.search(said), f"{module}.{name} names no upstream issue"
-        assert re.search(r"(still|until|ends|ended|needed).{0,80}\d+\.\d+", said, re.S | re.I), \
-            f"{module}.{name} does not say which version still needs it or ends it"
+@pytest.mark.parametrize("module, name", [
+    ("pyimagesearch.data", "distribute"), ("pyimagesearch.pipeline", "seeded_passes"),
+    ("pyimagesearch.tpu", "find_tpu"), ("pyimagesearch.host", "leave_the_tpu_alone"),
+    ("pyimagesearch.backup", "preemption_handler_acts"),
+    ("pyimagesearch.strategies", "ReplicasAgreeLossScaleOptimizer"),
+    ("pyimagesearch.plan", "Plan.predict"), ("pyimagesearch.strategies", "multi_worker")])
+def test_every_workaround_names_its_upstream_issue(module, name):
+    thing = importlib.import_module(module)
+    for part in name.split("."):
+        thing = getattr(thing, part)
+    source = inspect.getsource(thing)
+    assert UPSTREAM.search(source), f"{module}.{name} names no upstream issue"

@@ -4,37 +4,35 @@
     python tools/benchmark_compare.py --runs 200 --json outputs/quoted/benchmarks/compare_200.json
     python tools/benchmark_compare.py --compare /tmp/old/compare.py   # another version
 
-A notebook that keeps its runs across sessions gathers many. This makes
-`--runs` run records in a temporary folder, each with its model, from the
-records and models of a folder of real runs (`--from`, default
-outputs/quoted: cpu, gpu_rehearsal, tpu_rehearsal), each under a name of its
-own (cpu_seed-7, as a run with --seed 7 would be called) and a start time of
-its own. Then it times `python compare.py FOLDER` in a fresh process, start
-to end (TensorFlow's import included), and reports the seconds, the runs in
-Table 1, and any warning compare.py printed (matplotlib's "constrained_layout
-not applied" among them).
+A notebook that keeps its runs across sessions gathers many. This copies the
+records and models of a folder of real runs (`--from`, default outputs/quoted)
+into `--runs` runs in a temporary folder, each with a name (cpu_seed-7, as a run
+with --seed 7 is called) and a start time of its own, then times `python
+compare.py FOLDER` in a fresh process, start to end, and reports the seconds, the
+rows of Table 1 and any warning compare.py printed (matplotlib's among them).
 """
 import argparse
 import datetime
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.files import check_output_file  # noqa: E402
-from pyimagesearch.errors import UserError  # noqa: E402
+from pyimagesearch import cli, exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+
+# TensorFlow's own log lines (absl's form, or TensorFlow 2.20's), not compare.py's
+NATIVE = re.compile(r"^(WARNING: All log messages|[IWEF]\d{4} |[\d-]+ [\d:.]+: [IWEF] )")
 
 
 def make_runs(source, folder, count):
@@ -43,7 +41,7 @@ def make_runs(source, folder, count):
                    and os.path.isfile(os.path.join(source, name[:-len(".json")] + ".keras")))
     if not stems:
         raise UserError(f"{source} holds no run record with its model (NAME.json and "
-                            "NAME.keras); give --from a folder of runs")
+                        "NAME.keras); give --from a folder of runs")
     start = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
     for index in range(count):
         stem = stems[index % len(stems)]
@@ -68,9 +66,9 @@ def time_compare(script, folder):
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=cli.bounded_int(1, 10_000), default=200,
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=cli.integer(1, 10_000), default=200,
                         help="run records to compare (default %(default)s)")
     parser.add_argument("--from", dest="source", default=str(REPO / "outputs" / "quoted"),
                         help="the folder of real runs they are copied from "
@@ -81,13 +79,14 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
-        check_output_file(args.json)
+        files.check_output_file(args.json)
     with tempfile.TemporaryDirectory(prefix="compare-runs-") as folder:
         stems = make_runs(args.source, folder, args.runs)
         seconds, status, out, err = time_compare(args.compare, folder)
     rows = [line for line in out.splitlines()
             if line.startswith("| ") and not line.startswith(("| run |", "| --- |"))]
-    warnings = [line for line in err.splitlines() if "warn" in line.lower()]
+    warnings = [line for line in err.splitlines()
+                if "warn" in line.lower() and not NATIVE.match(line)]
     print(f"[INFO] python {args.compare} on {args.runs} runs (with their models): "
           f"{seconds:.1f} s, exit status {status}, {len(rows)} rows in Table 1, "
           f"{len(warnings)} warning lines")
@@ -95,9 +94,8 @@ def main(argv=None):
         print(f"  {line}")
     if args.json:
         from pyimagesearch.outputs import machine_info
-        from pyimagesearch.files import publish_json
 
-        publish_json(args.json, {
+        files.write_json(args.json, {
             "runs": args.runs, "copied_from": sorted(stems), "seconds": seconds,
             "exit_status": status, "table_rows": len(rows), "warnings": warnings,
             "machine": machine_info(), "load_average": os.getloadavg(),
@@ -109,4 +107,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

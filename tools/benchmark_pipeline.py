@@ -6,41 +6,29 @@
     python tools/benchmark_pipeline.py --data-dir /tmp/tfds --input-only --json bench.json
     python tools/benchmark_pipeline.py --floor --trials 5 --json floor.json   # the sample
 
-Training mode (the default): the pipelines read the same prepared tfds MNIST
-and feed the same model, loss, optimizer and batch (128) on the CPU, in this
-one process, taking turns.
-
-- ``efficient`` is ``pyimagesearch.data.get_data`` as train_cpu.py uses it:
-  decode every PNG once, keep uint8 images in memory, shuffle, batch, convert
-  a whole batch at once, prefetch.
-- ``article-style`` is how a tfds pipeline is usually written: ``tfds.load``,
-  then a per-image ``map`` to float, shuffle and batch every epoch; no cache,
-  so every epoch decodes all 60,000 PNGs again, and no prefetch. (tfds
-  itself would keep a dataset under 250 MiB in memory after its first pass,
-  which hides the decoding for MNIST but for no dataset big enough to need
-  distributed training; that cache is switched off here.)
-
-A third set-up, ``train_cpu.py``, is the efficient pipeline with the
-training script's other speed-up, several steps per call into the compiled
-train function (``steps_per_execution``). Each trial trains two epochs of
-468 steps (``--steps``) and keeps the second (the first includes tracing).
-Speed-ups are article-style seconds over each set-up's, medians over the
-trials; `--json` writes all the figures.
+Training mode (the default): the set-ups read the same prepared tfds MNIST and
+train the same model, loss, optimizer and batch (128) on the CPU, taking turns
+in this one process. ``article-style`` is how a tfds pipeline is usually
+written: ``tfds.load``, a per-image ``map`` to float, shuffle, batch, no
+prefetch, and no cache, so every epoch decodes all 60,000 PNGs again (tfds'
+own cache of datasets under 250 MiB, which hides that for MNIST but for no
+dataset big enough to need distributed training, is switched off).
+``efficient pipeline`` is train_cpu.py's (``Source.dataset``): every PNG
+decoded once, uint8 images in memory, a whole batch converted at once,
+prefetch; ``train_cpu.py`` adds the script's several steps per call
+(``steps_per_execution``). A trial trains two epochs of --steps and keeps the
+second (the first includes tracing); speed-ups are medians over the trials.
 
 Floor mode (``--floor``): train_cpu.py's epoch as the script runs it (its
-pipeline, steps per execution, one-CPU strategy and validation pass) against
-its floor, the same steps on one batch already in memory with no
-validation, taking turns in this one process; the figure is their ratio.
+pipeline, steps per execution, strategy and validation pass) against the same
+steps on one batch already in memory without validation; their ratio.
 
-Input-only mode (``--input-only``): no model, the input pipelines alone,
-drained batch by batch inside a compiled function as a training step would
-pull them: the article-style pipeline, the TFRecord reader
-(``--data-source tfrecord``; the TFRecords are written from --data-dir into
-a temporary folder unless --tfrecord-dir names a folder write_tfrecords.py
-wrote), the in-memory pipeline (``datasets.pipeline.make_pipeline``), and tfds' own
-in-memory cache of the article-style pipeline for reference. Each trial
-drains one untimed epoch (tracing, opening files, filling the shuffle
-buffer and tfds' cache), then times --epochs more; the figure is images per
+Input-only mode (``--input-only``): no model, the pipelines alone, drained
+inside a compiled function as a training step pulls them: article-style, the
+TFRecord reader (written from --data-dir into a temporary folder unless
+--tfrecord-dir names one write_tfrecords.py wrote), the in-memory pipeline, and
+article-style with tfds' cache. Each trial drains one untimed epoch (tracing,
+files, shuffle buffers, tfds' cache), then times --epochs more: images per
 second, the median over the trials.
 """
 import argparse
@@ -52,15 +40,13 @@ import sys
 import tempfile
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch import config
-from pyimagesearch.files import check_output_dir, check_output_file  # noqa: E402
+from pyimagesearch import cli, config, exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+from pyimagesearch.pipeline import Reading  # noqa: E402
 
 # one pass over MNIST's training split; both pipelines repeat, so any count works
 FULL_EPOCH_STEPS = config.TRAIN_IMAGES // config.BATCH_SIZE
@@ -89,12 +75,9 @@ def article_style_pipeline(data_dir, batch_size, tfds_cache=False):
 
 
 def efficient_pipeline(source, batch_size):
-    """train_cpu.py's pipeline from a resolved Source: in memory, or the TFRecord reader."""
-    from pyimagesearch.data import get_data
-
-    return get_data(config.DATA_NAME, config.TRAIN_FLAG, batchSize=batch_size,
-                    shuffleSize=config.SHUFFLE_SIZE, source=source,
-                    repeat=True, drop_remainder=True, seed=config.SEED)
+    """train_cpu.py's training batches from a resolved Source: in memory, or its TFRecords."""
+    return source.dataset(config.TRAIN_FLAG, Reading(
+        batch_size, config.SHUFFLE_SIZE, seed=config.SEED, repeat=True, drop_remainder=True))
 
 
 PROFILED_STEPS = 26  # steps of the second epoch traced with --profile-dir (2 x 13)
@@ -118,8 +101,7 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     from pyimagesearch.autoencoder import AutoEncoder
     from pyimagesearch.callbacks import EpochTimer
     from pyimagesearch.loss import MSELoss
-    from pyimagesearch.plan import make_optimizer
-    from pyimagesearch.strategies import set_precision, with_loss_scaling
+    from pyimagesearch.strategies import ReplicasAgreeLossScaleOptimizer, set_precision
 
     strategy = strategy or tf.distribute.get_strategy()
     timer = EpochTimer()
@@ -134,8 +116,10 @@ def time_epoch(dataset, steps, steps_per_execution=1, profile_dir=None,
     with strategy.scope():
         set_precision(precision)
         model = AutoEncoder()
-        optimizer = with_loss_scaling(make_optimizer(config.OPTIMIZER, config.LEARNING_RATE),
-                                      precision)
+        optimizer = keras.optimizers.get({"class_name": config.OPTIMIZER,
+                                          "config": {"learning_rate": config.LEARNING_RATE}})
+        if precision == "mixed_float16":  # loss scaling, as the scripts' optimizer_config
+            optimizer = ReplicasAgreeLossScaleOptimizer(optimizer)
         model.compile(loss=MSELoss(scale=strategy.num_replicas_in_sync), optimizer=optimizer,
                       steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         model.fit(dataset, epochs=2, steps_per_epoch=steps, callbacks=callbacks,
@@ -165,19 +149,13 @@ def floor(args, source, command):
     validation = source.size(config.VALIDATION_FLAG)
     one_batch = next(iter(efficient_pipeline(source, batch)))
     setups = {
-        "train_cpu.py epoch": lambda: time_epoch(
+        "train_cpu.py epoch": lambda trial: time_epoch(
             efficient_pipeline(source, batch), steps, spe, strategy=strategy,
             validation_data=get_validation(source, batch)),
-        "floor": lambda: time_epoch(tf.data.Dataset.from_tensors(one_batch).repeat(), steps,
-                                    spe, strategy=strategy),
+        "floor": lambda trial: time_epoch(tf.data.Dataset.from_tensors(one_batch).repeat(),
+                                          steps, spe, strategy=strategy),
     }
-    seconds = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, timed in setups.items():
-            seconds[name].append(timed())
-            print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch",
-                  flush=True)
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    seconds, medians = take_turns(setups, args.trials)
     ratios = [epoch / low for epoch, low in zip(seconds["train_cpu.py epoch"],
                                                   seconds["floor"])]
     print(f"\nepoch of {steps} steps x {batch} images ({spe} per execution), validation "
@@ -196,12 +174,21 @@ def floor(args, source, command):
             "tensorflow_version": tf.__version__}
 
 
+def take_turns(setups, trials, width=18):
+    """Seconds of each set-up ({name: timed(trial)}) in `trials` rounds, taking turns, each
+    said as it ends; and their medians."""
+    seconds = {name: [] for name in setups}
+    for trial in range(trials):
+        for name, timed in setups.items():
+            seconds[name].append(timed(trial))
+            print(f"[INFO] trial {trial + 1}: {name:{width}s} {seconds[name][-1]:6.2f} "
+                  "s/epoch", flush=True)
+    return seconds, {name: statistics.median(values) for name, values in seconds.items()}
+
+
 def get_validation(source, batch_size):
     """train_cpu.py's validation batches: one pass over the split, in order."""
-    from pyimagesearch.data import get_data
-
-    return get_data(config.DATA_NAME, config.VALIDATION_FLAG, batchSize=batch_size,
-                    source=source)
+    return source.dataset(config.VALIDATION_FLAG, Reading(batch_size))
 
 
 def images_per_second(dataset, steps, epochs, batch_size):
@@ -231,38 +218,11 @@ def images_per_second(dataset, steps, epochs, batch_size):
     return rates
 
 
-def time_input_pipelines(setups, args, batch):
-    """Images per second of each epoch of each trial of every pipeline in `setups`, in turns."""
-    per_epoch = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, build in setups.items():
-            rates = images_per_second(build(), args.steps, args.epochs, batch)
-            per_epoch[name].append(rates)
-            print(f"[INFO] trial {trial + 1}: {name:25s} "
-                  + " ".join(f"{rate:9,.0f}" for rate in rates) + " images/s")
-    return per_epoch
-
-
-def input_only_summary(per_epoch, args, batch):
-    """Each pipeline's figure per trial, their medians and speed-ups, printed; the three."""
-    # a trial's figure: all its timed images over all its timed seconds
-    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
-                 for name, trials in per_epoch.items()}
-    medians = {name: statistics.median(values) for name, values in per_trial.items()}
-    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
-    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
-          f"{args.trials} trials; speed-up over article-style")
-    for name, value in medians.items():
-        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
-    return per_trial, medians, ratios
-
-
 def input_only(args, source, command):
     """Time the input pipelines alone, taking turns; return the figures for --json."""
     import tensorflow as tf
 
-    from pyimagesearch import sources, tfrecord_writer
-    from pyimagesearch.errors import UserError
+    from pyimagesearch import sources, tfrecords
     from pyimagesearch.outputs import machine_info
 
     scratch = None
@@ -270,21 +230,22 @@ def input_only(args, source, command):
         scratch = tempfile.mkdtemp(prefix="pyimagesearch-tfrecords-")
         folder = os.path.join(scratch, "mnist")
         print(f"[INFO] writing TFRecords of {source.label} into {folder}")
-        tfrecord_writer.write_folder(
+        tfrecords.write_folder(
             folder, {split: source.examples(split)
                      for split in (config.TRAIN_FLAG, config.VALIDATION_FLAG)},
-            config.DATA_NAME, origin=source.label, origin_reason=source.reason,
-            command=command, shards=TFRECORD_SHARDS)
+            origin=source.label, origin_reason=source.reason, command=command,
+            shards=TFRECORD_SHARDS)
     else:
         folder = args.tfrecord_dir
     try:
-        records = sources.resolve_source("tfrecord", config.DATA_NAME, folder)
+        records = sources.tfrecord_source(folder)
         print(f"[INFO] tfrecord: {records.reason}")
         sizes = [chosen.size(config.TRAIN_FLAG) for chosen in (source, records)]
-        if records.origin != source.label or sizes[0] != sizes[1]:
+        origin = records.metadata["source"]
+        if origin != source.label or sizes[0] != sizes[1]:
             raise UserError(f"--tfrecord-dir {folder} holds {sizes[1]:,} training images "
-                                f"from {records.origin}, --data-dir {sizes[0]:,} from "
-                                f"{source.label}: not the same data")
+                            f"from {origin}, --data-dir {sizes[0]:,} from "
+                            f"{source.label}: not the same data")
         batch = config.BATCH_SIZE
         # name -> a fresh pipeline of (image, image) float batches
         setups = {
@@ -294,13 +255,26 @@ def input_only(args, source, command):
             "article_style_tfds_cache": lambda: article_style_pipeline(
                 source.data_dir, batch, tfds_cache=True),
         }
-        load = [os.getloadavg()[0]]
-        per_epoch = time_input_pipelines(setups, args, batch)
+        load, per_epoch = [os.getloadavg()[0]], {name: [] for name in setups}
+        for trial in range(args.trials):
+            for name, build in setups.items():
+                per_epoch[name].append(images_per_second(build(), args.steps, args.epochs,
+                                                         batch))
+                print(f"[INFO] trial {trial + 1}: {name:25s} "
+                      + " ".join(f"{rate:9,.0f}" for rate in per_epoch[name][-1]) + " images/s")
         load.append(os.getloadavg()[0])
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    per_trial, medians, ratios = input_only_summary(per_epoch, args, batch)
+    # a trial's figure: all its timed images over all its timed seconds
+    per_trial = {name: [len(rates) / sum(1 / rate for rate in rates) for rates in trials]
+                 for name, trials in per_epoch.items()}
+    medians = {name: statistics.median(values) for name, values in per_trial.items()}
+    ratios = {name: value / medians["article_style"] for name, value in medians.items()}
+    print(f"\nimages per second, {args.steps} batches of {batch} per epoch, median of "
+          f"{args.trials} trials; speed-up over article-style")
+    for name, value in medians.items():
+        print(f"  {name:25s} {value:11,.0f}  {ratios[name]:6.1f}x")
     return {**medians, "speedup_over_article_style": ratios,
             "trials": per_trial, "epochs": per_epoch,
             "steps_per_epoch": args.steps, "timed_epochs_per_trial": args.epochs,
@@ -314,21 +288,21 @@ def input_only(args, source, command):
 
 def build_parser():
     """The flags of benchmark_pipeline.py."""
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None,
                         help="tfds data dir with MNIST prepared (with --floor: default, "
                              "the 5,000-digit sample, as train_cpu.py offline)")
-    parser.add_argument("--trials", type=cli.positive_int, default=None,
+    parser.add_argument("--trials", type=cli.integer(1), default=None,
                         help="trials per pipeline (default 2, with --input-only 3)")
-    parser.add_argument("--steps", type=cli.positive_int, default=FULL_EPOCH_STEPS,
+    parser.add_argument("--steps", type=cli.integer(1), default=FULL_EPOCH_STEPS,
                         help="batches per timed epoch (default %(default)s: "
                              f"{config.TRAIN_IMAGES:,} images in batches of "
                              f"{config.BATCH_SIZE})")
     parser.add_argument("--input-only", action="store_true",
                         help="time the input pipelines alone, no model: article-style, "
                              "TFRecords and in-memory")
-    parser.add_argument("--epochs", type=cli.positive_int, default=None,
+    parser.add_argument("--epochs", type=cli.integer(1), default=None,
                         help="with --input-only: timed epochs per trial, after one "
                              "untimed (default 2)")
     parser.add_argument("--tfrecord-dir", default=None,
@@ -367,43 +341,38 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.json:
-        check_output_file(args.json)
+        files.check_output_file(args.json)
     if args.profile_dir:
-        check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
+        files.check_output_dir(args.profile_dir)  # a file there is one line, not a traceback
 
     from pyimagesearch import sources, strategies
     from pyimagesearch.plan import steps_per_execution
 
-    strategies.cpu_only()  # quiet device discovery; the benchmark runs on the CPU
+    strategies.cpu_only()  # the benchmark runs on the CPU
     if args.data_dir is None:
         source = sources.SampleSource("the 5,000-digit sample, as train_cpu.py offline")
     else:
-        source = sources.resolve_source("tfds", config.DATA_NAME,
-                                        sources.resolve_data_dir(args.data_dir))
+        source = sources.resolve_source("tfds", config.DATA_NAME, args.data_dir)
     print(f"[INFO] data: {source.reason}")
     if args.floor or args.input_only:
         mode = floor if args.floor else input_only
         figures = mode(args, source, ["tools/benchmark_pipeline.py", *argv])
         if args.json:
-            from pyimagesearch.files import publish_json
-            publish_json(args.json, figures)
+            files.write_json(args.json, figures)
         return
-    steps = args.steps
+    steps, batch = args.steps, config.BATCH_SIZE
     spe = steps_per_execution(steps)
-    # name -> (pipeline, steps per execution)
-    batch = config.BATCH_SIZE
+
     setups = {"article-style": (lambda: article_style_pipeline(source.data_dir, batch), 1),
               "efficient pipeline": (lambda: efficient_pipeline(source, batch), 1),
               "train_cpu.py": (lambda: efficient_pipeline(source, batch), spe)}
-    seconds = {name: [] for name in setups}
-    for trial in range(args.trials):
-        for name, (build, execution) in setups.items():
-            dataset = build()
-            profile = (os.path.join(args.profile_dir, name.replace(" ", "_"))
-                       if args.profile_dir and trial == 0 else None)
-            seconds[name].append(time_epoch(dataset, steps, execution, profile))
-            print(f"[INFO] trial {trial + 1}: {name:18s} {seconds[name][-1]:6.2f} s/epoch")
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+
+    def timed(name, pipeline, execution):  # a profile of each set-up's first trial
+        profile = args.profile_dir and os.path.join(args.profile_dir, name.replace(" ", "_"))
+        return lambda trial: time_epoch(pipeline(), steps, execution, None if trial else profile)
+
+    seconds, medians = take_turns({name: timed(name, *setup) for name, setup in setups.items()},
+                                  args.trials)
     baseline = medians["article-style"]
     ratios = {name: baseline / value for name, value in medians.items()}
     print(f"\nepoch of {steps} steps x {config.BATCH_SIZE} images, median of "
@@ -411,12 +380,11 @@ def main(argv=None):
     for name, value in medians.items():
         print(f"  {name:18s} {value:6.2f} s  {ratios[name]:.2f}x")
     if args.json:
-        from pyimagesearch.files import publish_json
-        publish_json(args.json, {"seconds": seconds, "median_seconds": medians,
-                                 "speedup_over_article_style": ratios, "steps": steps,
-                                 "trials": args.trials, "steps_per_execution": spe,
-                                 "batch_size": config.BATCH_SIZE, "data": source.reason})
+        files.write_json(args.json, {"seconds": seconds, "median_seconds": medians,
+                                     "speedup_over_article_style": ratios, "steps": steps,
+                                     "trials": args.trials, "steps_per_execution": spe,
+                                     "batch_size": config.BATCH_SIZE, "data": source.reason})
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

@@ -5,35 +5,34 @@
     # the same with TensorFlow 2.20's Python
     VENV220/bin/python tools/check_listings.py --json outputs/quoted/listings/tf220.json
 
-Each listing is the article's code (set-up, the three matmul timings, the
-TPU and loss imports, the model, MSELoss(scale=1) under a strategy, the
-inference lines, tfds.load with try_gcs; one SGD step with MSELoss(scale=1)
-on 2 replicas against 1 device, and the loss fit prints with MSELoss(scale=1)
-against MSELoss(scale=N) on 2 and 8 replicas, under Keras 3 and under
-tf_keras with TF_USE_LEGACY_KERAS=1) run by the Python that runs this
-script, so the record says which TensorFlow and Keras it was. For each: the
-exit status, the last line printed (the error, if any) and the seconds taken,
-printed as each listing ends and, with --json, written as a record. The
+Each listing is the article's code (the matmul timings, the TPU and loss imports,
+the model, MSELoss(scale=1) under a strategy, inference, tfds.load with try_gcs;
+one SGD step and the loss fit prints with MSELoss(scale=1) on 2 or 8 replicas,
+under Keras 3 and tf_keras) run by this script's Python, so the record says which
+TensorFlow and Keras it was: each one's exit status, last line printed (its
+error, if any) and seconds, printed as it ends and, with --json, recorded. The
 README's listings table quotes these records.
 """
 import argparse
+import importlib.metadata
+import importlib.util
 import os
+import pathlib
 import platform
 import re
-import pathlib
 import subprocess
 import sys
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli
-from pyimagesearch.files import check_output_file
-from pyimagesearch.terminal import TF_LOG_LINE
+from pyimagesearch import exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser  # noqa: E402
+
+# TensorFlow's C++ log lines, in 2.21's form ("I0000 00:00:...") or 2.20's ("2026-12-03 ...: I ")
+TF_LOG_LINE = re.compile(r"^(WARNING: All log messages|[IWEF]\d{4} |[\d-]+ [\d:.]+: [IWEF] )")
 
 MATMUL = '''
 import tensorflow as tf
@@ -238,10 +237,8 @@ def run_listing(code, timeout, legacy_keras=False, tf_keras_path=None):
     except subprocess.TimeoutExpired:
         return None, f"still running after {timeout} s; stopped", timeout
     # what the listing printed when it ran, its error when it failed; not TensorFlow's
-    # C++ log lines, in 2.21's form ("I0000 00:00:...") or 2.20's ("2026-12-03 ...: I ...")
     text = done.stdout if done.returncode == 0 and done.stdout.strip() else done.stderr
-    lines = [line for line in text.splitlines()
-             if line.strip() and not re.match(TF_LOG_LINE, line)]
+    lines = [line for line in text.splitlines() if line.strip() and not TF_LOG_LINE.match(line)]
     return done.returncode, (lines[-1] if lines else ""), round(time.monotonic() - start, 1)
 
 
@@ -252,8 +249,6 @@ def requirements():
     (tensorflow-datasets lists matplotlib under extras, importlib_resources
     for Python < 3.9 only).
     """
-    import importlib.util
-
     from packaging.requirements import Requirement
 
     def requires(name):
@@ -269,8 +264,8 @@ def requirements():
     tfds_requires, tfds_lines = requires("tensorflow-datasets")
     tfds_root = os.path.dirname(importlib.util.find_spec("tensorflow_datasets").origin)
     importers = []
-    for folder, _, files in os.walk(tfds_root):
-        for name in files:
+    for folder, _, names in os.walk(tfds_root):
+        for name in names:
             if name.endswith(".py") and "_test" not in name:
                 path = os.path.join(folder, name)
                 with open(path, errors="replace") as handle:
@@ -288,8 +283,8 @@ def requirements():
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None,
                         help="also write the record here (default: only print each outcome)")
     parser.add_argument("--only", nargs="+", choices=tuple(LISTINGS), default=None,
@@ -300,7 +295,7 @@ def main(argv=None):
                              "(pip install --target DIR --no-deps tf_keras)")
     args = parser.parse_args(argv)
     if args.json is not None:
-        check_output_file(args.json)  # before the listings run, not after
+        files.check_output_file(args.json)  # before the listings run, not after
     import keras
     import tensorflow as tf
 
@@ -319,9 +314,8 @@ def main(argv=None):
               "python": platform.python_version(), "requirements": requirements(),
               "listings": results, "code": {name: LISTINGS[name] for name in results},
               "command": ["tools/check_listings.py", *(argv or sys.argv[1:])]}
-    from pyimagesearch.files import publish_json
-    publish_json(args.json, record)
+    files.write_json(args.json, record)
 
 
 if __name__ == "__main__":
-    cli.run_main(main)
+    exits.run_main(main)

@@ -3,22 +3,17 @@
     JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py 8:1 8:8 [--json FILE]
     JAX_NUM_CPU_DEVICES=8 python tools/jax_loss_step.py --loop custom 1:1 8:1 8:8
 
-For each `N:scale`: `pyimagesearch`'s AutoEncoder and MSELoss(scale) take one
-SGD step on DataParallel over N JAX CPU devices, from the same weights on
-the same global batch as one device's step with `fit`. Prints (and with --json writes) the
-ratio of the step to the one-device step (1.000: the same step; projected
-onto it) and the largest difference between the two. With the article's
-scale=1 the ratio is 1 on JAX, where Keras 3 on tf.distribute needs scale=N
-(tests/test_loss_scaling.py): one jitted step sees the whole global batch.
-With `--loop custom` the step is the custom loop's (pyimagesearch/jax_loop.py),
-whose loss is the per-image errors' sum over the global batch divided by its
-size, whatever the compiled MSELoss's scale: the ratio is 1 for every case.
-With `--precision mixed_float16` the step computes in float16 with Keras' loss
-scaling (the record adds the loss scale after the step): its ratio to the
-float32 step is 1 within float16's precision, not the 32768 of a scale left in.
-Runs in a process of its own, its Keras on JAX (tests/test_jax_route.py):
-JAX and Keras are imported once the arguments are read, so that importing
-this module (parse_args, as tests/test_docs_commands.py does) loads neither.
+For each `N:scale`: the AutoEncoder and MSELoss(scale) take one SGD step on
+DataParallel over N JAX CPU devices, from the weights and global batch of one
+device's step with `fit`. Printed (and with --json written): the step's ratio to
+the one-device step (projected onto it; 1.000: the same) and their largest
+difference. With the article's scale=1 the ratio is 1 on JAX, where Keras 3 on
+tf.distribute needs scale=N: one jitted step sees the whole global batch. With
+`--loop custom` (jax_loop.py's step: the per-image errors' sum over the global
+batch divided by its size) it is 1 whatever the scale. With `--precision
+mixed_float16` (Keras' loss scaling; the record adds the scale after the step) it
+is 1 within float16's precision, not the 32768 of a scale left in. JAX and Keras
+are imported once the arguments are read: importing this module loads neither.
 """
 import argparse
 import datetime
@@ -28,6 +23,8 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pyimagesearch import exits  # noqa: E402  (no TensorFlow, no Keras)
+from pyimagesearch.errors import UserError  # noqa: E402
 
 GLOBAL_BATCH = 32
 LEARNING_RATE = 10.0  # large, so that the update dwarfs float round-off
@@ -37,14 +34,14 @@ def one_step(devices, scale, images, loop="fit", precision="float32"):
     """One SGD step from seed 0's weights, on DataParallel over `devices`.
 
     Returns the update and, under mixed_float16, the loss scale after the
-    step (Keras' LossScaleOptimizer, as strategies.with_loss_scaling wraps it).
+    step (Keras' LossScaleOptimizer, as the scripts wrap their optimizer).
     """
     import keras
     import numpy as np
 
     from pyimagesearch.autoencoder import AutoEncoder
-    from pyimagesearch.jax_route import DataParallel
     from pyimagesearch.loss import MSELoss
+    from pyimagesearch.strategies import DataParallel
 
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy(precision)
@@ -73,21 +70,24 @@ def optimizer(precision):
     sgd = keras.optimizers.SGD(LEARNING_RATE)
     if precision != "mixed_float16":
         return sgd
-    # loads TensorFlow: float16 only
-    from pyimagesearch.strategies import with_loss_scaling
+    from pyimagesearch.strategies import ReplicasAgreeLossScaleOptimizer
 
-    return with_loss_scaling(sgd, precision)
+    return ReplicasAgreeLossScaleOptimizer(sgd)
 
 
 def custom_step(model, strategy, images):
     """One step of the custom loop (its JAX step): the global batch, then it again to validate."""
     import itertools
+    import types
 
     from pyimagesearch.loop import fit_custom
 
-    history = fit_custom(model, strategy, itertools.repeat((images, images)), [(images, images)],
-                         epochs=1, steps_per_epoch=1, global_batch_size=GLOBAL_BATCH,
-                         verbose=False, backend="jax")
+    plan = types.SimpleNamespace(  # what fit_custom reads of a run's plan
+        backend="jax", strategy=strategy, global_batch_size=GLOBAL_BATCH, jit_compile=True,
+        settings=types.SimpleNamespace(epochs=1), steps_per_epoch=1, callbacks=(),
+        resume_step=0, steps_per_execution=1)
+    history = fit_custom(model, itertools.repeat((images, images)), [(images, images)], plan,
+                         verbose=False)
     assert set(history) == {"loss", "val_loss"}, history
 
 
@@ -120,8 +120,10 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
+    if args.json:
+        from pyimagesearch.files import check_output_file
+        check_output_file(args.json)  # before the steps, not after them
     os.environ["KERAS_BACKEND"] = "jax"  # before Keras' import: this tool is JAX's
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -131,8 +133,8 @@ def main(argv=None):
     available = len(keras.distribution.list_devices("cpu"))
     wanted = max(int(text.split(":")[0]) for text in args.cases)
     if wanted > available:
-        parser.exit(2, f"jax_loss_step.py: error: {wanted} devices asked for, JAX has "
-                       f"{available}: set JAX_NUM_CPU_DEVICES={wanted}\n")
+        raise UserError(f"{wanted} devices asked for, JAX has {available}: "
+                        f"set JAX_NUM_CPU_DEVICES={wanted}")
     images = np.random.default_rng(7).random((GLOBAL_BATCH, 28, 28, 1)).astype("float32")
     reference, _ = one_step(1, 1, images)  # fit, float32, one device
     record = {"command": ["jax_loss_step.py", *(argv if argv is not None else sys.argv[1:])],
@@ -150,10 +152,9 @@ def main(argv=None):
             **({} if loss_scale is None else {"loss_scale": loss_scale})}
     print(json.dumps(record))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(record, handle, indent=1)
-            handle.write("\n")
+        from pyimagesearch.files import write_json
+        write_json(args.json, record)
 
 
 if __name__ == "__main__":
-    main()
+    exits.run_main(main)

@@ -4,22 +4,19 @@
     python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1 --epochs 1
 
 Each worker gets its own TF_CONFIG naming 127.0.0.1 ports picked free, as a
-real cluster's machines would get theirs from Vertex AI, Kubeflow or by hand
-(see the README). Under KERAS_BACKEND=jax each gets Keras' KERAS_DISTRIBUTION_*
-variables instead, worker 0's port as JAX's coordinator: the processes of a
-TPU slice (`KERAS_BACKEND=jax python tools/launch_workers.py --workers 2 --
-train_tpu.py --rehearse 4`, docs/tpus.md). Output lines are prefixed with the worker's index. When
-a worker fails or is killed, the others are stopped (SIGTERM, then SIGKILL
-after STOP_GRACE_SECONDS) and the launcher exits with that worker's status
-(128 + N for a signal N), after one line naming the worker and its status.
-The others first get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves (which is
-what a real cluster's survivors do), then SIGTERM, then SIGKILL after
-STOP_GRACE_SECONDS: within a minute in all. Whatever ends the launcher ends
-its workers too: Ctrl-C, SIGTERM, SIGHUP (its terminal closing) or SIGQUIT
-stop them all at once (exit 128 + the signal), and on Linux a launcher killed
-outright (SIGKILL) has the kernel send each worker SIGTERM. No process is left
-behind. When the launcher's own output is closed (`| head`), the workers'
-lines are dropped and the run goes on, as the training scripts do.
+real cluster's machines get theirs (see the README); under KERAS_BACKEND=jax,
+Keras' KERAS_DISTRIBUTION_* variables instead, worker 0's port as JAX's
+coordinator: the hosts of a TPU slice (`KERAS_BACKEND=jax python
+tools/launch_workers.py --workers 2 -- train_tpu.py --rehearse 4`, docs/tpus.md).
+Their lines are prefixed with the worker's index. When a worker fails, the
+others get PEER_GRACE_SECONDS to notice the lost peer and stop by themselves,
+as a real cluster's survivors do, then SIGTERM, then SIGKILL after
+STOP_GRACE_SECONDS; the launcher exits with the failed worker's status (128 + N
+for a signal N) after one line naming it. Whatever ends the launcher ends its
+workers too: Ctrl-C, SIGTERM, SIGHUP (its terminal closing) or SIGQUIT (exit
+128 + the signal), and on Linux even SIGKILL (the kernel sends each worker
+SIGTERM). When its own output is closed (`| head`), the workers' lines are
+dropped and the run goes on, as the training scripts do.
 
 TensorFlow's gRPC servers listen on every interface of the machine, not only
 on the address in TF_CONFIG, so on Linux the launcher first moves itself into
@@ -41,33 +38,21 @@ import sys
 import threading
 import time
 
-# `python tools/launch_workers.py` puts tools/ on sys.path, not the repository root
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# the scripts' one-line parser (it loads no TensorFlow, as this launcher must not)
-from pyimagesearch.errors import EXIT_USER_ERROR, OneLineParser  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the root
+# the scripts' one-line errors (they load no TensorFlow, as this launcher must not)
+from pyimagesearch import exits  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
 
 PEER_GRACE_SECONDS = 30  # how long the others get to notice a failed worker themselves
 STOP_GRACE_SECONDS = 20  # how long stopped workers get to exit before SIGKILL
 _IN_NAMESPACE = "PYIMAGESEARCH_LAUNCHER_NETNS"  # set once we are inside our namespace
-
-
 MAX_WORKERS = 16  # TensorFlow processes on one machine, each about 1 GB
 
 
-def whole_number(text):
-    """An integer in ASCII digits (int() would also take "1_0" or "٣")."""
-    if not text.strip().lstrip("+-").isascii() or not text.strip().lstrip("+-").isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-    return int(text)
-
-
-def fail(message, status=EXIT_USER_ERROR):
-    """One line on stderr (where it can still be written), then exit."""
-    try:
-        print(f"launch_workers.py: error: {message}", file=sys.stderr, flush=True)
-    except OSError:  # the terminal is gone: the status is all that is left to say it
-        pass
-    sys.exit(status)
+def fail(message, status):
+    """One line on stderr (where it can still be written), then exit with `status`."""
+    exits.say(message)
+    raise SystemExit(status)
 
 
 def enter_private_network(argv):
@@ -284,31 +269,32 @@ def read_command_line(argv):
                                  "current folder)",
                            description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=whole_number, default=2,
+    parser.add_argument("--workers", type=int, default=2,
                         help="worker processes to start (default %(default)s)")
     parser.add_argument("--network", choices=("isolated", "host"), default="isolated",
                         help="isolated: a private network namespace with loopback only "
                              "(Linux); host: this machine's (default %(default)s)")
     args = parser.parse_args(argv[:split])  # --help answers here, before any check
     if "--" not in argv:
-        fail("give the training command after --, e.g. "
-             "python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
+        raise UserError("give the training command after --, e.g. "
+                        "python tools/launch_workers.py --workers 2 -- train_gpu.py --rehearse 1")
     command = argv[split + 1:]
     if not 2 <= args.workers <= MAX_WORKERS:
         # each worker is a whole TensorFlow process: more than a few take the machine down
-        fail(f"--workers must be from 2 to {MAX_WORKERS}, got {args.workers}")
+        raise UserError(f"--workers must be from 2 to {MAX_WORKERS}, got {args.workers}")
     if not command:
-        fail("no training command after --")
+        raise UserError("no training command after --")
     if os.path.isdir(command[0]):
-        fail(f"{command[0]} is a folder; give the training script, e.g. train_gpu.py")
+        raise UserError(f"{command[0]} is a folder; give the training script, e.g. train_gpu.py")
     if command[0].endswith(".py"):
         if not os.path.exists(command[0]):
-            fail(f"{command[0]} not found")
+            raise UserError(f"{command[0]} not found")
         command = [sys.executable] + command
     return args, command
 
 
-def main(argv):
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, command = read_command_line(argv)
     if args.network == "isolated" and not os.environ.get(_IN_NAMESPACE):
         enter_private_network(argv)  # returns only where it cannot
@@ -334,7 +320,7 @@ def main(argv):
              status=128 + stop.signum)
     except OSError as error:  # a worker that could not be started at all
         cluster.stop()
-        fail(f"cannot start {command[0]}: {error.strerror or error}")
+        raise UserError(f"cannot start {command[0]}: {error.strerror or error}") from error
     _stopping.append(None)  # every worker has ended: a late signal changes nothing
     if failure is None:
         cluster.say(f"[launch] all {args.workers} workers finished")
@@ -349,4 +335,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exits.run_main(main)

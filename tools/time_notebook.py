@@ -3,53 +3,44 @@
     python tools/time_notebook.py --json outputs/quoted/notebook/first_run.json
     python tools/time_notebook.py --cpu 1 --json /tmp/first_run.json   # pinned to CPU 1
 
-Colab's free CPU runtime cannot be timed from here, so the estimate is a
-ratio (issue 32): the notebook as committed, run top to bottom through
-nbclient in a fresh copy of the repository, offline, pinned to one core
-(what `taskset -c 0` does: this process's affinity, inherited by the kernel
-and the scripts), times 57 s (the article's CPU epoch, taken for Colab's free CPU) over the epoch
-of an article-style pipeline (tfds.load, a per-image map, shuffle, batch
-128, 60,000 images; `fit` with the article's model and loss) timed on that
-same core, before and after the notebook. A machine shared with other work
-slows both, so the ratio cancels part of the noise; the record keeps the
-load averages to say how much there was.
-
-The record holds each cell's seconds, each training run's seconds and
-epochs (the notebook prints "[INFO] NAME took N s here"), the two
-article-style epochs, the factor and the estimate. The notebook reads it to
-say, before each run, how long the run will take (notebook/records.py's estimate).
+Colab's free CPU cannot be timed from here, so the estimate is a ratio (issue
+32): the notebook as committed, run top to bottom by nbclient in a fresh copy of
+the repository, offline, pinned to one core (`taskset -c 0`: this process's
+affinity, which the kernel and the scripts inherit), times 57 s (the article's CPU
+epoch) over the epoch of an article-style pipeline (benchmark_pipeline's) timed on
+that core before and after the notebook. It assumes Colab's free CPU trains as fast
+as the article's CPU did, which the article does not say (its CPU runs were on
+Colab). Other work on the machine slows both, so the ratio cancels part of it; the
+record keeps the load averages, each cell's seconds, each training cell's run and
+epochs, the two article-style epochs, the factor and the estimate.
 """
 import argparse
+import datetime
 import json
 import os
 import pathlib
-import platform
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch.files import check_output_file  # noqa: E402
+from pyimagesearch import exits, files  # noqa: E402
+from pyimagesearch.errors import OneLineParser  # noqa: E402
 
 ARTICLE_CPU_EPOCH_S = 57  # the article's train_cpu.py log on Colab's CPU: epochs 2-5
 BUDGET_S = 300            # issue 32: the first Run all within 5 minutes on Colab's free CPU
+RUN_CELLS = {"cpu": "train-cpu", "tpu_rehearsal": "train-tpu"}  # a CPU runtime's runs
 CELL_TIMEOUT_S = 2400     # a bound for a hang, as tests/test_notebook.py's
-TOOK = re.compile(r"^\[INFO\] (\S+) took (\d+) s here$", re.MULTILINE)
 ARTICLE_STYLE_EPOCH = """
 import sys
-sys.path.insert(0, {root!r})
-sys.argv = ["benchmark_pipeline.py"]
-from tools import benchmark_pipeline as bench
+sys.path[:0] = [{root!r}, {root!r} + "/tools"]
+import benchmark_pipeline as bench
 from pyimagesearch import config, strategies
 strategies.cpu_only()
 dataset = bench.article_style_pipeline({data_dir!r}, config.BATCH_SIZE)
@@ -83,7 +74,11 @@ def article_style_epoch(data_dir):
 
 
 def run_notebook(copy, scratch):
-    """Run the notebook in `copy` as committed; ({cell id: seconds}, {run: seconds}, total)."""
+    """Run the notebook in `copy` as committed; ({cell id: seconds}, total seconds).
+
+    nbclient runs it, stops at a failed cell, and records when each cell's
+    execution began and its reply came (cell.metadata.execution).
+    """
     import nbclient
     import nbformat
 
@@ -92,23 +87,20 @@ def run_notebook(copy, scratch):
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(copy)}})
-    cells = {}
     start = time.monotonic()
-    with client.setup_kernel(env=env):
-        for index, cell in enumerate(notebook.cells):
-            if cell.cell_type != "code":
-                continue
-            began = time.monotonic()
-            client.execute_cell(cell, index)
-            cells[cell.get("id", str(index))] = round(time.monotonic() - began, 1)
-            errors = [output for output in cell.outputs if output.output_type == "error"]
-            if errors:
-                raise SystemExit(f"time_notebook.py: cell {cell.get('id')} failed: "
-                                 + " ".join(errors[0].get("traceback", []))[-300:])
+    try:
+        client.execute(env=env)
+    except nbclient.exceptions.CellExecutionError as error:
+        raise SystemExit(f"time_notebook.py: a cell failed: {error.ename}: {error.evalue}")
     total = round(time.monotonic() - start, 1)
-    printed = "".join(output.get("text", "") for cell in notebook.cells
-                      if cell.cell_type == "code" for output in cell.outputs)
-    return cells, {name: int(seconds) for name, seconds in TOOK.findall(printed)}, total
+    cells = {}
+    for index, cell in enumerate(notebook.cells):
+        times = cell.metadata.get("execution", {})
+        if cell.cell_type == "code" and "shell.execute_reply" in times:
+            began, ended = (datetime.datetime.fromisoformat(times[key]) for key in
+                            ("iopub.execute_input", "shell.execute_reply"))
+            cells[cell.get("id", str(index))] = round((ended - began).total_seconds(), 1)
+    return cells, total
 
 
 def run_records(folder, runs):
@@ -128,14 +120,16 @@ def run_records(folder, runs):
 
 
 def main(argv=None):
+    from pyimagesearch.outputs import machine_info
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where the record goes")
     parser.add_argument("--cpu", type=int, default=0,
                         help="the one CPU to pin everything to (default %(default)s)")
     args = parser.parse_args(argv)
-    check_output_file(args.json)
+    files.check_output_file(args.json)
     if args.cpu not in os.sched_getaffinity(0):
         parser.error(f"--cpu {args.cpu} is not one this process may use "
                      f"({sorted(os.sched_getaffinity(0))})")
@@ -151,7 +145,8 @@ def main(argv=None):
         load["before_notebook"] = os.getloadavg()
         copy = fresh_copy(scratch / "clone")
         (scratch / "tmp").mkdir()
-        cells, runs, total = run_notebook(copy, scratch / "tmp")
+        cells, total = run_notebook(copy, scratch / "tmp")
+        runs = {name: cells.get(cell) for name, cell in RUN_CELLS.items()}
         print(f"[INFO] the notebook: {total:.0f} s; cells {cells}", flush=True)
         load["after_notebook"] = os.getloadavg()
         records = run_records(copy / "outputs/notebook", runs)
@@ -163,9 +158,7 @@ def main(argv=None):
     record = {
         "what": "notebook.ipynb as committed, top to bottom, offline, in a fresh copy, "
                 f"pinned to CPU {args.cpu}",
-        "cpu_model": next((line.split(":", 1)[1].strip() for line in
-                           pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                           if line.startswith("model name")), platform.processor()),
+        "cpu_model": machine_info()["cpu_model"],
         "cpus_on_the_machine": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "notebook_seconds": total,
@@ -177,6 +170,7 @@ def main(argv=None):
         "article_style_epoch_seconds": epochs,
         "article_cpu_epoch_seconds": ARTICLE_CPU_EPOCH_S,
         "factor": factor,
+        "assumes": "Colab's free CPU trains an article-style epoch in the article's 57 s",
         "colab_free_cpu_estimate_seconds": round(total * factor, 1),
         "budget_seconds": BUDGET_S,
         "load_average_1_5_15_min": load,
@@ -185,9 +179,8 @@ def main(argv=None):
     print(f"[INFO] the notebook on one core: {total:.0f} s; an article-style epoch "
           f"{epoch:.1f} s there; on Colab's free CPU about {total:.0f} x {ARTICLE_CPU_EPOCH_S}"
           f" / {epoch:.1f} = {total * factor:.0f} s (the budget: {BUDGET_S} s)")
-    from pyimagesearch.files import publish_json
-    publish_json(args.json, record)
+    files.write_json(args.json, record)
 
 
 if __name__ == "__main__":
-    cli.run_main(main, sys.argv[1:])
+    exits.run_main(main)

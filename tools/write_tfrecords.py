@@ -13,26 +13,22 @@ shape, the source (tfds MNIST, a prepare_mnist.py --stand-in, or the
 5,000-digit sample) and how the folder was made. The output may be a local
 folder or a bucket (gs://...); a TPU reads it straight from a bucket.
 
-Everything is written to a local scratch folder first (TMPDIR), then the
-whole set replaces the old one at once, as the training scripts' outputs
-do: stopped at any moment (a full disk, Ctrl-C, SIGTERM, SIGKILL), the
-folder holds the old TFRecords or the new ones, never a mix, and the one
-line says which. A folder that already holds TFRecords (a metadata.json)
-is left alone unless --overwrite is given.
+Each shard is written whole and metadata.json last (tfrecords.write_folder):
+a write stopped on the way never leaves a folder that passes for a finished
+one. A folder that already holds TFRecords (a metadata.json) is left alone
+unless --overwrite is given.
 """
 import argparse
 import pathlib
 import sys
 import time
 
-# `python tools/NAME.py` puts tools/ on sys.path, not the repository root:
-# add the root so that pyimagesearch imports
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pyimagesearch import runtime  # noqa: E402
-runtime.tensorflow()  # Keras on TensorFlow, whatever KERAS_BACKEND says (one line if set aside)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's root
+from pyimagesearch import host  # noqa: E402
+host.prepare_tensorflow()  # Keras on TensorFlow (KERAS_BACKEND set aside in one line)
 
-from pyimagesearch import cli  # noqa: E402
-from pyimagesearch import config
+from pyimagesearch import cli, config, exits, sources, tfrecords  # noqa: E402
+from pyimagesearch.errors import OneLineParser  # noqa: E402
 from pyimagesearch.files import check_output_dir  # noqa: E402
 
 SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
@@ -40,10 +36,8 @@ SPLITS = (config.TRAIN_FLAG, config.VALIDATION_FLAG)  # training, validation
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    from pyimagesearch import tfrecord_writer, tfrecords
-
-    parser = cli.OneLineParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-source", choices=("tfds", "sample"), required=True,
                         help="where the images come from: MNIST through tfds (prepared "
                              "in --data-dir or downloaded), or the 5,000-digit sample")
@@ -52,7 +46,7 @@ def main(argv=None):
                              "$TFDS_DATA_DIR, else tfds' own default)")
     parser.add_argument("--output-dir", required=True,
                         help="the TFRecord folder to write: a local path or gs://...")
-    parser.add_argument("--shards", type=cli.positive_int, default=tfrecords.DEFAULT_SHARDS,
+    parser.add_argument("--shards", type=cli.integer(1), default=tfrecords.DEFAULT_SHARDS,
                         help="files per split (default %(default)s; fewer if a split "
                              "has fewer images)")
     parser.add_argument("--compression", choices=tuple(tfrecords.COMPRESSIONS),
@@ -65,21 +59,15 @@ def main(argv=None):
                              "it a folder holding a metadata.json is left untouched")
     args = parser.parse_args(argv)
 
-    from pyimagesearch import sources
-
-    # every check before the decoding, and nothing created before the checks
-    tfrecord_writer.check_destination(args.output_dir, args.overwrite)
-    data_dir = sources.resolve_data_dir(args.data_dir) if args.data_source == "tfds" else None
-    source = sources.resolve_source(args.data_source, config.DATA_NAME, data_dir)
+    source = sources.resolve_source(args.data_source, config.DATA_NAME, args.data_dir)
     check_output_dir(args.output_dir)
     print(f"[INFO] reading {source.label} ({source.reason})")
     started = time.perf_counter()
-    splits = {split: source.examples(split)
-              for split in SPLITS}
-    metadata = tfrecord_writer.write_folder(
-        args.output_dir, splits, config.DATA_NAME, origin=source.label,
-        origin_reason=source.reason, command=["tools/write_tfrecords.py", *argv],
-        shards=args.shards, compression=args.compression, overwrite=args.overwrite)
+    splits = {split: source.examples(split) for split in SPLITS}
+    metadata = tfrecords.write_folder(
+        args.output_dir, splits, origin=source.label, origin_reason=source.reason,
+        command=["tools/write_tfrecords.py", *argv], shards=args.shards,
+        compression=args.compression, overwrite=args.overwrite)
     for split, entry in metadata["splits"].items():
         size = sum(shard["bytes"] for shard in entry["shards"])
         print(f"[INFO] {split}: {entry['images']:,} images in {len(entry['shards'])} "
@@ -89,4 +77,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    cli.run_main(main)
+    exits.run_main(main)
