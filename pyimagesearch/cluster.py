@@ -20,11 +20,11 @@ import json
 import math
 import os
 import socket
-import time
 
 import tensorflow as tf
 
 from pyimagesearch.errors import NothingToDo, PeerLost, UserError, first_line
+from pyimagesearch.host import silent_after
 
 AGREEMENT_TIMEOUT_S = 120  # how long a worker waits for the others' settings
 JOBSET = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "REPLICAS", "JOB_INDEX",
@@ -208,15 +208,6 @@ def _addresses(hosts):
     return hosts
 
 
-def _answers(address, timeout_s=1.0):
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
 def wait_for_peers(cluster, timeout_s, poll_s=0.5):
     """Wait where signals still act until every peer has started; PeerLost after `timeout_s`.
 
@@ -236,15 +227,13 @@ def wait_for_peers(cluster, timeout_s, poll_s=0.5):
                         f"{cluster.address} ({why}); "
                         "another process uses it: stop that one, or give this task another "
                         "port") from error
-    deadline, waiting, told = time.monotonic() + timeout_s, dict(cluster.peers), False
+    def waiting(names):
+        print(f"[INFO] {cluster.name} is waiting for {', '.join(names)} to start"
+              + (f" (up to {timeout_s:g} s)" if timeout_s < math.inf else ""), flush=True)
+
     with here:
-        while waiting := {name: a for name, a in waiting.items() if not _answers(a)}:
-            if time.monotonic() >= deadline:
-                raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
-                               + ", ".join(f"{n} ({a})" for n, a in waiting.items())
-                               + " to start (--startup-timeout)")
-            if not told:
-                print(f"[INFO] {cluster.name} is waiting for {', '.join(waiting)} to start"
-                      + (f" (up to {timeout_s:g} s)" if timeout_s < math.inf else ""), flush=True)
-                told = True
-            time.sleep(poll_s)  # SIGTERM and Ctrl-C act here
+        silent = silent_after(dict(cluster.peers), timeout_s, waiting, poll_s)
+    if silent:
+        raise PeerLost(f"{cluster.name} gave up after {timeout_s:g} s waiting for "
+                       + ", ".join(f"{n} ({a})" for n, a in silent.items())
+                       + " to start (--startup-timeout)")

@@ -14,8 +14,10 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -193,6 +195,31 @@ def probe(url, timeout):
     thread.start()
     thread.join(timeout)
     return verdict[0] if verdict else "silent"
+
+
+def answers(address, timeout_s=1.0):
+    """Whether "host:port" (an IPv6 host in brackets or not) takes a TCP connection."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def silent_after(addresses, timeout_s, waiting=None, poll_s=0.5):
+    """Poll {name: "host:port"} until each has answered once; those still silent after
+    `timeout_s`, {} once all have. Signals act between polls; `waiting(names)` is called
+    once, the first time some are silent and time is left."""
+    deadline, silent, told = time.monotonic() + timeout_s, dict(addresses), False
+    while silent := {name: a for name, a in silent.items() if not answers(a)}:
+        if time.monotonic() >= deadline:
+            return silent
+        if waiting and not told:
+            waiting(list(silent))
+            told = True
+        time.sleep(poll_s)  # SIGTERM and Ctrl-C act here
+    return {}
 
 
 def stop(message, status=2):

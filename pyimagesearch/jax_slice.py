@@ -21,7 +21,6 @@ import itertools
 import math
 import json
 import os
-import socket
 import threading
 import time
 import warnings
@@ -32,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pyimagesearch import exits
 from pyimagesearch.errors import PeerLost, UserError, first_line
-from pyimagesearch.host import detect
+from pyimagesearch.host import detect, silent_after
 
 KERAS_ENV = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
              "KERAS_DISTRIBUTION_PROCESS_ID")
@@ -86,18 +85,10 @@ def _wait_for_the_coordinator(environ, limits, timeout_s):
     address = limits.get("coordinator_address") or (hosts and f"{hosts[0]}:8476")  # JAX's port
     if not address or str(index) in ("0", "None"):
         return
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise PeerLost(f"process {index} gave up after {timeout_s:g} s waiting for the "
-                               f"coordinator, process 0, at {address} (--startup-timeout); start "
-                               "every host's process with the same command") from None
-            time.sleep(0.5)
+    if silent_after({"process 0": address}, timeout_s):
+        raise PeerLost(f"process {index} gave up after {timeout_s:g} s waiting for the "
+                       f"coordinator, process 0, at {address} (--startup-timeout); start "
+                       "every host's process with the same command")
 
 
 def with_recovery(limits):

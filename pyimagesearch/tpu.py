@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import os
 import re
-import socket
 import sys
 import threading
 
@@ -170,16 +169,6 @@ def instead_of_jax(host, drop="leave the flag out",
             f"on TensorFlow's route: {rehearse}")
 
 
-def _answers(address, timeout_s=10):
-    """Whether "host:port" takes a TCP connection."""
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def find_tpu(tpu=None):
     """The article's TPUClusterResolver(), found within LOOKUP_TIMEOUT_S seconds.
 
@@ -217,7 +206,7 @@ def find_tpu(tpu=None):
                         f"grpc://ADDRESS:8470, or {REHEARSE}")
     found = outcome["tpu"]
     address = found.master()
-    if address.startswith("grpc://") and not _answers(address[len("grpc://"):]):
+    if address.startswith("grpc://") and not hosts.answers(address[len("grpc://"):], 10):
         here = "this machine has TPU chips: " if hosts.detect().tpu_chips else ""
         raise UserError(f"nothing answers at {address}, where the TPU should be; {here}on a "
                         f"TPU VM pass --tpu local, else check its address, or {REHEARSE}")
