@@ -59,17 +59,18 @@ def prepare(argv, environ=None, host=None, library_path=None):
             return _jax(flags, environ, host)
         if flags.rehearse:
             return "a rehearsal: no TPU runtime"
-        if host.jax_tpu_image and not hosts.installed_version("tensorflow-tpu"):
-            raise UserError("KERAS_BACKEND=tensorflow: " + instead_of_jax(
-                host, "train_tpu.py without KERAS_BACKEND takes Keras on JAX",
-                "add --rehearse 8"))
-        cpu_build = hosts.installed_version("tensorflow-cpu")
-        if host.tpu_chips and cpu_build and not (hosts.installed_version("tensorflow-tpu")
-                                                 or hosts.installed_version("tensorflow")):
-            raise UserError(f"tensorflow-cpu {cpu_build} cannot reach a TPU: for Keras on JAX, "
-                            "pip install -r requirements-tpu-vm.txt; for TensorFlow's "
-                            "TPUStrategy, pip install -r requirements-tpu.txt; or add "
-                            "--rehearse 8")
+        if host.tpu_chips and not hosts.installed_version("tensorflow-tpu"):
+            # no build that surely reaches the chips (a TPU VM image's `tensorflow` may)
+            if host.jax_tpu_image:
+                raise UserError("KERAS_BACKEND=tensorflow: " + instead_of_jax(
+                    host, "train_tpu.py without KERAS_BACKEND takes Keras on JAX",
+                    "add --rehearse 8"))
+            cpu_build = hosts.installed_version("tensorflow-cpu")
+            if cpu_build and not hosts.installed_version("tensorflow"):
+                raise UserError(f"tensorflow-cpu {cpu_build} cannot reach a TPU: for Keras on "
+                                "JAX, pip install -r requirements-tpu-vm.txt; for TensorFlow's "
+                                "TPUStrategy, pip install -r requirements-tpu.txt; or add "
+                                "--rehearse 8")
         _take_the_tpu(environ)
         return _pjrt(environ, host, library_path or libtpu_path)
     except UserError as error:
