@@ -31,7 +31,8 @@ VFIO_GENERATION = "v5e or later"  # chips seen only as /dev/vfio/N (a container)
 PJRT_ONLY = frozenset({"v5p", "v5e", "v6e", "7x", VFIO_GENERATION})
 ROOT_ENV = "PYIMAGESEARCH_HOST_ROOT"
 JAX_TPU_SERVICES = ("colab", "kaggle")  # TPU images of JAX: jax[tpu], no tensorflow-tpu
-TENSORFLOW_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu")
+# each TensorFlow build installs the same `tensorflow` folder: two of them overwrite each other
+TENSORFLOW_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-tpu")
 
 
 @dataclasses.dataclass(frozen=True)

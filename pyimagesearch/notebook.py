@@ -14,8 +14,6 @@ from packaging.utils import canonicalize_name
 from pyimagesearch import host as hosts
 
 SCRIPTS = {"cpu": "train_cpu.py", "gpu": "train_gpu.py", "tpu": "train_tpu.py"}
-# each TensorFlow build installs the same `tensorflow` folder: two of them overwrite each other
-TENSORFLOW_BUILDS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-tpu")
 PYPI, INDEX_TIMEOUT_S = "https://pypi.org/simple/", 10
 DRIVE, DRIVE_RUNS = "/content/drive", "MyDrive/fast-training-runs"
 INTERNET = {"kaggle": " (on Kaggle, switch Internet on in the notebook's settings)"}
@@ -77,10 +75,10 @@ def install_commands(host, repo=".", version_of=hosts.installed_version):
     specs = requirements(path)
     unmet = _unmet(specs, version_of)
     pip = ("python", "-m", "pip")
-    builds = [name for name in TENSORFLOW_BUILDS if version_of(name)]
+    builds = [name for name in hosts.TENSORFLOW_BUILDS if version_of(name)]
     if route(host, version_of) == "jax":
         unmet = [spec for spec in unmet if not (builds and Requirement(spec).name in
-                                                TENSORFLOW_BUILDS)]
+                                                hosts.TENSORFLOW_BUILDS)]
         return [pip + ("install", *unmet)] if unmet else []
     needed = "tensorflow-tpu" if host.tpu_chips else "tensorflow"
     if any(name != needed for name in builds):
