@@ -61,6 +61,12 @@ def one_line(result):
     return lines[0]
 
 
+def saved_weights(path):
+    """A saved model's weights, as NumPy arrays (keras.saving.load_model)."""
+    import keras
+    return [weight.numpy() for weight in keras.saving.load_model(path).weights]
+
+
 def tensorflows(line):
     """Whether `line` is one of TensorFlow's, JAX's or libtpu's own native log lines (absl's
     form, or TensorFlow 2.19's and 2.20's "2026-12-06 22:32:17.115541: E external/..."; libtpu

@@ -12,12 +12,11 @@ import signal
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 
 import train_cpu
-from conftest import ENV, REPO, one_line, outputs_name
+from conftest import ENV, REPO, one_line, outputs_name, saved_weights
 
 from pyimagesearch import files, outputs
 from pyimagesearch.errors import UserError
@@ -27,10 +26,6 @@ TINY = ["--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "32",
 # long enough to be stopped mid-epoch: 2 epochs of 40 steps, a save every 4
 RESUMED = ["--epochs", "2", "--steps-per-epoch", "40", "--batch-size", "16",
            "--data-source", "sample"]
-
-
-def _weights(path):
-    return [w.numpy() for w in keras.saving.load_model(path).weights]
 
 
 def _stopped(args, signum, after="Epoch 2/2"):
@@ -55,7 +50,7 @@ def uninterrupted(tmp_path_factory):
             args = RESUMED + ["--loop", loop, "--output-dir", str(folder / loop)]
             train_cpu.main(args)
             name = outputs_name("cpu", RESUMED + ["--loop", loop])
-            made[loop] = (_weights(folder / loop / f"{name}.keras"),
+            made[loop] = (saved_weights(folder / loop / f"{name}.keras"),
                           json.loads((folder / loop / f"{name}.json").read_text()))
         return made[loop]
 
@@ -89,7 +84,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_weights(tmp_path, uninterrup
     assert record["resumed_from_step"] == state["step"]
     assert record["resumed_from_epoch"] == state["step"] // 40
     weights, whole = uninterrupted(loop)
-    for resumed, reference in zip(_weights(tmp_path / "out" / f"{name}.keras"), weights):
+    for resumed, reference in zip(saved_weights(tmp_path / "out" / f"{name}.keras"), weights):
         np.testing.assert_array_equal(resumed, reference)
     assert record["val_loss"] == whole["val_loss"] and len(record["loss"]) == 2
     assert not (tmp_path / "backup").exists()  # a finished run deletes its backup

@@ -13,14 +13,13 @@ import socket
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import train_cpu
 import train_gpu
-from conftest import ENV, one_line, output_files, outputs_name
+from conftest import ENV, one_line, output_files, outputs_name, saved_weights
 
 from pyimagesearch import exits
 from pyimagesearch.cluster import Cluster, jobset_tf_config, read_tf_config, wait_for_peers
@@ -108,10 +107,6 @@ def _cluster(repo, tasks, timeout=120):
     return [tuple(result) for result in json.loads(done.stdout)]
 
 
-def _weights(path):
-    return [w.numpy() for w in keras.saving.load_model(path).weights]
-
-
 @pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
     # Vertex AI's worker pools 0 and 1: a chief and a worker. The worker is
@@ -137,8 +132,8 @@ def test_a_chief_and_a_worker_started_by_hand_equal_one_process(repo, tmp_path):
     assert "worker 0 done; the chief writes the outputs" in worker_out
     one = ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path / "one")]
     train_cpu.main(one)
-    for a, b in zip(_weights(tmp_path / "one" / f"{outputs_name('cpu', one)}.keras"),
-                    _weights(tmp_path / "cluster" / f"{name}.keras")):
+    for a, b in zip(saved_weights(tmp_path / "one" / f"{outputs_name('cpu', one)}.keras"),
+                    saved_weights(tmp_path / "cluster" / f"{name}.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
@@ -587,8 +582,8 @@ def test_workers_take_the_same_step_as_one_process(launch, tmp_path, devices, gl
     alone = ONE_SGD_STEP + ["--seed", seed, "--batch-size", str(global_batch),
                             "--output-dir", str(tmp_path / "one")]
     train_cpu.main(alone)
-    one = _weights(tmp_path / "one" / f"{outputs_name('cpu', alone)}.keras")
-    cluster = _weights(tmp_path / "cluster" / f"{name}.keras")
+    one = saved_weights(tmp_path / "one" / f"{outputs_name('cpu', alone)}.keras")
+    cluster = saved_weights(tmp_path / "cluster" / f"{name}.keras")
     for a, b in zip(one, cluster):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
@@ -696,8 +691,8 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
     subprocess.run([sys.executable, "train_gpu.py", "--rehearse", "2", *flags[2:8],
                     "--output-dir", str(tmp_path / "one")], cwd=repo, check=True,
                    capture_output=True, timeout=300, env=ENV)
-    one = _weights(tmp_path / "one" / f"{name}.keras")  # --rehearse is not in the name
-    for a, b in zip(one, _weights(tmp_path / "out" / f"{name}.keras")):
+    one = saved_weights(tmp_path / "one" / f"{name}.keras")  # --rehearse is not in the name
+    for a, b in zip(one, saved_weights(tmp_path / "out" / f"{name}.keras")):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 

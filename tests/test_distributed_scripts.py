@@ -12,6 +12,7 @@ import tensorflow as tf
 import train_cpu
 import train_gpu
 import train_tpu
+from conftest import saved_weights
 
 import dataclasses
 
@@ -28,10 +29,6 @@ ONE_SGD_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
                 "--learning-rate", "0.5", "--data-source", "sample"]
 
 
-def _weights(path):
-    return [w.numpy() for w in keras.saving.load_model(path).weights]
-
-
 def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
     train_cpu.main(ONE_SGD_STEP + ["--batch-size", "256", "--output-dir", str(tmp_path)])
     train_gpu.main(ONE_SGD_STEP + ["--batch-size", "128", "--rehearse", "2",
@@ -45,7 +42,7 @@ def test_rehearsed_gpu_step_saves_the_same_weights_as_the_cpu(tmp_path):
     assert (record["replicas"], record["global_batch_size"]) == (2, 256)
     assert np.isfinite(record["loss"]).all() and np.isfinite(record["val_loss"]).all()
     assert record["rehearsal"] is True and record["strategy"] == "MirroredStrategy"
-    cpu, gpu = _weights(tmp_path / f"{cpu}.keras"), _weights(tmp_path / f"{gpu}.keras")
+    cpu, gpu = saved_weights(tmp_path / f"{cpu}.keras"), saved_weights(tmp_path / f"{gpu}.keras")
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert not list(tmp_path.glob("gpu[._][!r]*"))  # a rehearsal is never named gpu.*

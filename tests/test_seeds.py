@@ -6,12 +6,12 @@ TensorFlow truncates seeds modulo 2**31 - 1, so 0 and 2**31 - 1 (and
 """
 import json
 
-import keras
 import numpy as np
 import pytest
 
 import train_cpu
 import train_gpu
+from conftest import saved_weights
 from pyimagesearch import cli
 
 ONE_STEP = ["--epochs", "1", "--steps-per-epoch", "1", "--batch-size", "32",
@@ -80,10 +80,6 @@ def test_edge_seeds_train_on_a_two_device_rehearsal(tmp_path, seed):
     assert np.isfinite(record["loss"]).all()
 
 
-def _weights(path):
-    return [w.numpy() for w in keras.saving.load_model(path).weights]
-
-
 @pytest.mark.slow  # the default suite's budget (docs/development.md); CI runs it
 def test_seed_zero_rehearsal_step_equals_the_cpu_step(tmp_path):
     sgd = ["--epochs", "1", "--steps-per-epoch", "1", "--optimizer", "sgd",
@@ -91,7 +87,7 @@ def test_seed_zero_rehearsal_step_equals_the_cpu_step(tmp_path):
     train_cpu.main(sgd + ["--batch-size", "256", "--output-dir", str(tmp_path)])
     train_gpu.main(sgd + ["--batch-size", "128", "--rehearse", "2",
                           "--output-dir", str(tmp_path)])
-    cpu, gpu = _weights(_only(tmp_path, "cpu", "keras")), _weights(
+    cpu, gpu = saved_weights(_only(tmp_path, "cpu", "keras")), saved_weights(
         _only(tmp_path, "gpu_rehearsal", "keras"))
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
